@@ -1,0 +1,70 @@
+"""Make unsafe Django/DRF endpoints, Celery tasks and consumers safe to retry."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from idempotency.exceptions import (
+    IdempotencyError,
+    KeyInUse,
+    KeyInvalid,
+    KeyMissing,
+    KeyReused,
+    LeaseLost,
+    ScopeUnavailable,
+    TransitionNotAllowed,
+)
+
+if TYPE_CHECKING:
+    from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+    from idempotency.decorators import idempotent
+    from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
+    from idempotency.http import IdempotencyOptions, mark_final
+    from idempotency.models import IdempotencyRecord, Status
+
+# Everything below touches models or DRF, so it loads on first use: ``import
+# idempotency`` must work while Django is still populating the app registry.
+_LAZY = {
+    "Attempt": "idempotency.core",
+    "Operation": "idempotency.core",
+    "Outcome": "idempotency.core",
+    "StoredResponse": "idempotency.core",
+    "execute": "idempotency.core",
+    "idempotent": "idempotency.decorators",
+    "IdempotentCreateMixin": "idempotency.drf",
+    "IdempotentMixin": "idempotency.drf",
+    "IdempotencyOptions": "idempotency.http",
+    "mark_final": "idempotency.http",
+    "IdempotencyRecord": "idempotency.models",
+    "Status": "idempotency.models",
+}
+
+__all__ = [
+    "Attempt",
+    "IdempotencyError",
+    "IdempotencyOptions",
+    "IdempotencyRecord",
+    "IdempotentCreateMixin",
+    "IdempotentMixin",
+    "KeyInUse",
+    "KeyInvalid",
+    "KeyMissing",
+    "KeyReused",
+    "LeaseLost",
+    "Operation",
+    "Outcome",
+    "ScopeUnavailable",
+    "Status",
+    "StoredResponse",
+    "TransitionNotAllowed",
+    "execute",
+    "idempotent",
+    "mark_final",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'idempotency' has no attribute {name!r}")

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class IdempotencyConfig(AppConfig):
+    name = "idempotency"
+    verbose_name = _("Idempotency")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from idempotency import checks  # noqa: F401  (registers the system checks)

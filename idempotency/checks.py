@@ -1,0 +1,209 @@
+"""System checks for the ``IDEMPOTENCY`` setting (ids ``idempotency.E001``...)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from numbers import Real
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
+
+from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, load_callable
+from idempotency.models import PURGEABLE
+
+Check = Callable[[dict[str, Any]], list[CheckMessage]]
+
+
+@register(Tags.compatibility)
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user, dict):
+        return [Error("IDEMPOTENCY should be a dict.", id="idempotency.E001")]
+    messages: list[CheckMessage] = []
+    for check in CHECKS:
+        messages.extend(check(user))
+    return messages
+
+
+def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
+    unknown = sorted(set(user) - set(DEFAULTS))
+    if not unknown:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY has unknown keys: {', '.join(unknown)}.",
+            hint=f"Valid keys are: {', '.join(sorted(DEFAULTS))}.",
+            id="idempotency.E002",
+        )
+    ]
+
+
+def _string(name: str, error_id: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        value = user.get(name, DEFAULTS[name])
+        if isinstance(value, str) and value:
+            return []
+        return [Error(f"IDEMPOTENCY[{name!r}] should be a non-empty string.", id=error_id)]
+
+    return check
+
+
+def _positive_number(name: str, error_id: str, *, integer: bool = False) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        value = user.get(name, DEFAULTS[name])
+        kind = int if integer else Real
+        if isinstance(value, kind) and not isinstance(value, bool) and value > 0:
+            return []
+        noun = "a positive integer" if integer else "a positive number"
+        return [Error(f"IDEMPOTENCY[{name!r}] should be {noun}.", id=error_id)]
+
+    return check
+
+
+def _boolean(name: str, error_id: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        if isinstance(user.get(name, DEFAULTS[name]), bool):
+            return []
+        return [Error(f"IDEMPOTENCY[{name!r}] should be True or False.", id=error_id)]
+
+    return check
+
+
+def _choice(name: str, choices: Sequence[str], error_id: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        if user.get(name, DEFAULTS[name]) in choices:
+            return []
+        return [
+            Error(
+                f"IDEMPOTENCY[{name!r}] should be one of {', '.join(map(repr, choices))}.",
+                id=error_id,
+            )
+        ]
+
+    return check
+
+
+def _callable_path(name: str, error_id: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        try:
+            load_callable(user.get(name, DEFAULTS[name]), name)
+        except (ImproperlyConfigured, ValueError) as exc:
+            return [
+                Error(
+                    f"IDEMPOTENCY[{name!r}] should be a callable or the dotted path of one.",
+                    hint=str(exc),
+                    id=error_id,
+                )
+            ]
+        return []
+
+    return check
+
+
+def _replay_headers(user: dict[str, Any]) -> list[CheckMessage]:
+    names = user.get("REPLAY_HEADERS", DEFAULTS["REPLAY_HEADERS"])
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        return [
+            Error(
+                "IDEMPOTENCY['REPLAY_HEADERS'] should be a list of strings.", id="idempotency.E012"
+            )
+        ]
+    forbidden = sorted(n for n in names if n.lower() in FORBIDDEN_REPLAY_HEADERS)
+    if forbidden:
+        return [
+            Error(
+                f"IDEMPOTENCY['REPLAY_HEADERS'] should not name per-session headers: "
+                f"{', '.join(forbidden)}.",
+                hint="Cookies and credentials are never stored or replayed; remove them.",
+                id="idempotency.E013",
+            )
+        ]
+    return []
+
+
+def _retention(user: dict[str, Any]) -> list[CheckMessage]:
+    per_operation = user.get("OPERATION_RETENTION", {})
+    windows = [user.get("RETENTION", {})]
+    windows += list(per_operation.values()) if isinstance(per_operation, dict) else [None]
+    if all(_valid_window(window) for window in windows):
+        return []
+    return [
+        Error(
+            "IDEMPOTENCY['RETENTION'] and each IDEMPOTENCY['OPERATION_RETENTION'] value should "
+            "map SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE to seconds (a number >= 0) or None.",
+            hint="PROCESSING and NEEDS_REVIEW records are never purged.",
+            id="idempotency.E014",
+        )
+    ]
+
+
+def _valid_window(window: Any) -> bool:
+    return isinstance(window, dict) and all(
+        status in PURGEABLE
+        and (seconds is None or (isinstance(seconds, Real) and not isinstance(seconds, bool)))
+        and (seconds is None or seconds >= 0)
+        for status, seconds in window.items()
+    )
+
+
+def _resolvers(user: dict[str, Any]) -> list[CheckMessage]:
+    resolvers = user.get("RESOLVERS", {})
+    if not isinstance(resolvers, dict):
+        return [Error("IDEMPOTENCY['RESOLVERS'] should be a dict.", id="idempotency.E015")]
+    messages: list[CheckMessage] = []
+    for operation, path in resolvers.items():
+        try:
+            load_callable(path, f"RESOLVERS[{operation!r}]")
+        except (ImproperlyConfigured, ValueError) as exc:
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY['RESOLVERS'][{operation!r}] should be a callable or the "
+                    "dotted path of one.",
+                    hint=str(exc),
+                    id="idempotency.E016",
+                )
+            )
+    return messages
+
+
+def _database(user: dict[str, Any]) -> list[CheckMessage]:
+    alias = user.get("DATABASE")
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['DATABASE'] should name an alias of DATABASES, not {alias!r}.",
+            hint="The record must live in the same database as the business data.",
+            id="idempotency.E017",
+        )
+    ]
+
+
+CHECKS: list[Check] = [
+    _unknown_keys,
+    _string("HEADER", "idempotency.E003"),
+    _positive_number("MAX_KEY_LENGTH", "idempotency.E004", integer=True),
+    _boolean("REQUIRE_KEY", "idempotency.E005"),
+    _choice("MODE", ("atomic", "lease"), "idempotency.E006"),
+    _positive_number("LOCK_TIMEOUT", "idempotency.E007"),
+    _positive_number("RETRY_AFTER", "idempotency.E008", integer=True),
+    _positive_number("LEASE_SECONDS", "idempotency.E009"),
+    _positive_number("MAX_RESPONSE_BYTES", "idempotency.E010", integer=True),
+    _choice("ERROR_FORMAT", ("problem", "drf"), "idempotency.E011"),
+    _replay_headers,
+    _retention,
+    _resolvers,
+    _database,
+    _callable_path("SCOPE_FUNCTION", "idempotency.E018"),
+    _callable_path("FINGERPRINT_FUNCTION", "idempotency.E019"),
+    _callable_path("OUTCOME_POLICY", "idempotency.E020"),
+    _positive_number("MAX_RESOLVE_ATTEMPTS", "idempotency.E021", integer=True),
+    _boolean("RELEASE_EXPIRED_WITHOUT_RESOLVER", "idempotency.E022"),
+    _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
+    _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
+]

@@ -1,0 +1,364 @@
+"""The idempotency protocol: claim a record, run the work once, store its outcome.
+
+This module knows nothing of HTTP. ``execute`` is generic over what the work
+returns; the adapters tell it how to turn that into an ``Outcome`` and how to
+rebuild it from a stored record.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
+
+from idempotency import signals
+from idempotency.conf import idempotency_settings
+from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
+from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
+
+logger = logging.getLogger("idempotency")
+
+T = TypeVar("T")
+Mode = Literal["atomic", "lease"]
+MODES: tuple[Mode, ...] = ("atomic", "lease")
+
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One business intent: who (scope), which key, and what exactly (request_hash)."""
+
+    scope: str
+    key: str
+    request_hash: str
+    name: str = ""
+    method: str = ""
+    path: str = ""
+    mode: Mode = "atomic"
+    lease_seconds: float | None = None
+    lock_timeout: float | None = None
+    using: str | None = None
+
+    @property
+    def database(self) -> str:
+        return (
+            self.using
+            or idempotency_settings.DATABASE
+            or router.db_for_write(IdempotencyRecord)
+            or DEFAULT_DB_ALIAS
+        )
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    response: StoredResponse | None = None
+    resource_id: str = ""
+
+
+@dataclass
+class Attempt:
+    """The claim held by the running work; lets long work renew its lease."""
+
+    operation: Operation
+    record: IdempotencyRecord
+    owner_token: str
+    resource_id: str = ""
+
+    def renew(self, seconds: float | None = None) -> None:
+        if self.operation.mode != "lease":
+            return
+        lease = _lease_length(self.operation, seconds)
+        updated = _owned(self.operation, self.record.pk, self.owner_token).update(
+            lease_until=Now() + Value(lease)
+        )
+        if not updated:
+            raise LeaseLost()
+
+
+class _Discarded(Exception):
+    """Carries a result that must not be recorded out of the transaction it rolls back."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+def execute(
+    operation: Operation,
+    work: Callable[[Attempt], T],
+    *,
+    decide: Callable[[T, Attempt], Outcome | None],
+    replay: Callable[[IdempotencyRecord], T],
+) -> T:
+    """Run ``work`` at most once for ``operation`` and answer repeats with ``replay``.
+
+    ``decide`` turns the work's result into the outcome to record, or ``None``
+    to record nothing (the business writes roll back, the key stays free).
+    """
+    if operation.mode == "lease":
+        return _execute_leased(operation, work, decide=decide, replay=replay)
+    return _execute_atomic(operation, work, decide=decide, replay=replay)
+
+
+def _execute_atomic(
+    operation: Operation,
+    work: Callable[[Attempt], T],
+    *,
+    decide: Callable[[T, Attempt], Outcome | None],
+    replay: Callable[[IdempotencyRecord], T],
+) -> T:
+    try:
+        with transaction.atomic(using=operation.database):
+            attempt, existing = _claim(operation)
+            if attempt is None:
+                return _replay(operation, existing, replay)
+            value = work(attempt)
+            outcome = decide(value, attempt)
+            if outcome is None:
+                raise _Discarded(value)
+            _finish(attempt, outcome)
+            return value
+    except _Discarded as discarded:
+        return discarded.value  # type: ignore[return-value]
+
+
+def _execute_leased(
+    operation: Operation,
+    work: Callable[[Attempt], T],
+    *,
+    decide: Callable[[T, Attempt], Outcome | None],
+    replay: Callable[[IdempotencyRecord], T],
+) -> T:
+    with transaction.atomic(using=operation.database):
+        attempt, existing = _claim(operation)
+    if attempt is None:
+        return _replay(operation, existing, replay)
+    try:
+        value = work(attempt)
+        outcome = decide(value, attempt)
+    except BaseException:
+        # The work may have had effects outside any transaction we control:
+        # keep the record, bound to this request, for a retry of the same request.
+        _release(attempt, delete=False)
+        raise
+    if outcome is None:
+        _release(attempt, delete=True)
+    else:
+        _finish(attempt, outcome)
+    return value
+
+
+def _replay(
+    operation: Operation,
+    record: IdempotencyRecord | None,
+    replay: Callable[[IdempotencyRecord], T],
+) -> T:
+    assert record is not None
+    signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
+    logger.info(
+        "idempotency replay",
+        extra={"scope": operation.scope, "operation": operation.name, "status": record.status},
+    )
+    return replay(record)
+
+
+def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+    """Claim the record inside the caller's transaction.
+
+    Returns ``(attempt, None)`` when this call owns the record and must run the
+    work, or ``(None, record)`` when a recorded outcome must be replayed.
+    Raises ``KeyReused`` or ``KeyInUse`` otherwise.
+    """
+    token = secrets.token_hex(16)
+    with _bounded_lock_wait(operation):
+        record = _insert_or_lock(operation, token)
+    if record.owner_token == token:
+        return _claimed(operation, record, token, reclaimed=False), None
+    if record.request_hash != operation.request_hash:
+        signals.key_reused.send(IdempotencyRecord, record=record, operation=operation)
+        raise KeyReused()
+    if record.status in REPLAYABLE:
+        return None, record
+    if record.status == Status.FAILED_RETRYABLE:
+        _reclaim(operation, record, token)
+        return _claimed(operation, record, token, reclaimed=True), None
+    raise _in_use(operation, record)
+
+
+def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
+    records = IdempotencyRecord.objects.using(operation.database)
+    candidate = IdempotencyRecord(
+        scope=operation.scope,
+        idem_key=operation.key,
+        operation=operation.name[:255],
+        request_hash=operation.request_hash,
+        request_method=operation.method[:16],
+        request_path=operation.path[:2048],
+        status=Status.PROCESSING,
+        owner_token=token,
+    )
+    # The unique constraint is the arbiter: of concurrent inserts exactly one
+    # lands, the others wait for it (bounded) and then lock the winner's row.
+    records.bulk_create([candidate], ignore_conflicts=True)
+    return (
+        records.select_for_update()
+        .annotate(
+            lease_remaining=ExpressionWrapper(
+                F("lease_until") - Now(), output_field=DurationField()
+            ),
+        )
+        .get(scope=operation.scope, idem_key=operation.key)
+    )
+
+
+def _claimed(
+    operation: Operation, record: IdempotencyRecord, token: str, *, reclaimed: bool
+) -> Attempt:
+    if operation.mode == "lease" and not reclaimed:
+        _owned(operation, record.pk, token).update(
+            lease_until=Now() + Value(_lease_length(operation))
+        )
+    signals.record_claimed.send(
+        IdempotencyRecord, record=record, operation=operation, reclaimed=reclaimed
+    )
+    return Attempt(operation=operation, record=record, owner_token=token)
+
+
+def _reclaim(operation: Operation, record: IdempotencyRecord, token: str) -> None:
+    lease = Now() + Value(_lease_length(operation)) if operation.mode == "lease" else None
+    IdempotencyRecord.objects.using(operation.database).filter(pk=record.pk).update(
+        status=Status.PROCESSING,
+        owner_token=token,
+        lease_until=lease,
+        attempts=F("attempts") + 1,
+        version=F("version") + 1,
+        completed_at=None,
+        expires_at=None,
+        updated_at=Now(),
+    )
+    record.owner_token = token
+    record.status = Status.PROCESSING
+
+
+def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
+    retry_after = idempotency_settings.RETRY_AFTER
+    remaining = getattr(record, "lease_remaining", None)
+    if remaining is not None and remaining > timedelta(0):
+        retry_after = max(retry_after, int(remaining.total_seconds() + 0.999))
+    signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
+    return KeyInUse(retry_after=retry_after)
+
+
+def _finish(attempt: Attempt, outcome: Outcome) -> None:
+    response = outcome.response
+    updated = _owned(attempt.operation, attempt.record.pk, attempt.owner_token).update(
+        status=outcome.status,
+        response_status=response.status if response else None,
+        response_headers=[list(pair) for pair in response.headers] if response else [],
+        response_body=response.body if response else None,
+        resource_id=(outcome.resource_id or attempt.resource_id)[:255],
+        lease_until=None,
+        completed_at=Now(),
+        expires_at=_expiry(attempt.operation, outcome.status),
+        updated_at=Now(),
+        version=F("version") + 1,
+    )
+    if not updated:
+        raise LeaseLost()
+    signals.record_completed.send(
+        IdempotencyRecord,
+        record=attempt.record,
+        operation=attempt.operation,
+        status=outcome.status,
+    )
+
+
+def _release(attempt: Attempt, *, delete: bool) -> None:
+    owned = _owned(attempt.operation, attempt.record.pk, attempt.owner_token)
+    if delete:
+        owned.delete()
+        return
+    owned.update(
+        status=Status.FAILED_RETRYABLE,
+        lease_until=None,
+        expires_at=_expiry(attempt.operation, Status.FAILED_RETRYABLE),
+        updated_at=Now(),
+        version=F("version") + 1,
+    )
+
+
+def _owned(operation: Operation, pk: int, token: str):  # type: ignore[no-untyped-def]
+    """The record, only while this attempt still holds it (fencing)."""
+    return IdempotencyRecord.objects.using(operation.database).filter(
+        pk=pk, owner_token=token, status=Status.PROCESSING
+    )
+
+
+def _lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
+    length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
+    return timedelta(seconds=length)
+
+
+def _expiry(operation: Operation, status: str):  # type: ignore[no-untyped-def]
+    window = retention_for(operation.name, status)
+    return None if window is None else Now() + Value(window)
+
+
+def retention_for(operation_name: str, status: str) -> timedelta | None:
+    """How long a record in ``status`` is kept; ``None`` means until an operator acts."""
+    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
+    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
+    return None if seconds is None else timedelta(seconds=float(seconds))
+
+
+@contextmanager
+def _bounded_lock_wait(operation: Operation) -> Iterator[None]:
+    """Bound how long a duplicate waits on the first attempt's row; past it, 409."""
+    connection = transaction.get_connection(operation.database)
+    seconds = (
+        operation.lock_timeout
+        if operation.lock_timeout is not None
+        else idempotency_settings.LOCK_TIMEOUT
+    )
+    postgres = connection.vendor == "postgresql"
+    if postgres:
+        # SET takes no bind parameters; the value is our own integer.
+        _execute(connection, f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'")
+    try:
+        yield
+    except OperationalError as exc:
+        if _is_lock_timeout(exc):
+            retry_after = idempotency_settings.RETRY_AFTER
+            signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
+            raise KeyInUse(retry_after=retry_after) from exc
+        raise
+    if postgres:
+        _execute(connection, "SET LOCAL lock_timeout TO DEFAULT")
+
+
+def _execute(connection: BaseDatabaseWrapper, sql: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
+def _is_lock_timeout(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return state == _LOCK_NOT_AVAILABLE or "database is locked" in str(exc)

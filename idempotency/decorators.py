@@ -1,0 +1,79 @@
+"""``@idempotent``: protect a DRF ``@api_view`` function, a plain Django view or a view method."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection
+from functools import wraps
+from typing import Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+from rest_framework.request import Request
+
+from idempotency.core import Mode
+from idempotency.http import AnyRequest, IdempotencyOptions, protect
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def idempotent(
+    *,
+    operation: str | None = None,
+    header: str | None = None,
+    required: bool | None = None,
+    key: Callable[[AnyRequest], str | None] | str | None = None,
+    scope: Callable[[AnyRequest, str], str] | str | None = None,
+    fingerprint: Callable[[AnyRequest], str | bytes] | str | None = None,
+    fields: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    mode: Mode | None = None,
+    lease_seconds: float | None = None,
+    lock_timeout: float | None = None,
+    outcome_policy: Callable[..., Any] | str | None = None,
+) -> Callable[[F], F]:
+    """Make a view safe to retry.
+
+    Put it *under* ``@api_view`` (and on the method of a class-based view or
+    viewset action) so that authentication and permissions run first.
+    """
+    options = IdempotencyOptions(
+        operation=operation,
+        header=header,
+        required=required,
+        key=key,
+        scope=scope,
+        fingerprint=fingerprint,
+        fields=fields,
+        exclude=exclude,
+        mode=mode,
+        lease_seconds=lease_seconds,
+        lock_timeout=lock_timeout,
+        outcome_policy=outcome_policy,
+    )
+
+    def decorator(view: F) -> F:
+        if inspect.iscoroutinefunction(view):
+            raise ImproperlyConfigured(
+                f"@idempotent does not support async views yet ({view.__qualname__})."
+            )
+        default_operation = f"{view.__module__}.{view.__qualname__}"
+
+        @wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = _find_request(args, view)
+            return protect(request, lambda: view(*args, **kwargs), options, default_operation)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def _find_request(args: tuple[Any, ...], view: Callable[..., Any]) -> AnyRequest:
+    # A function view gets (request, ...); a method gets (self, request, ...).
+    for candidate in args[:2]:
+        if isinstance(candidate, (Request, HttpRequest)):
+            return candidate
+    raise ImproperlyConfigured(
+        f"@idempotent could not find the request among the arguments of {view.__qualname__}."
+    )

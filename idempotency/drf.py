@@ -1,0 +1,88 @@
+"""DRF integration: ``IdempotentCreateMixin`` and the hooks it shares with other views."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from django.http.response import HttpResponseBase
+from rest_framework.request import Request
+
+from idempotency.conf import idempotency_settings, load_callable
+from idempotency.core import Mode
+from idempotency.http import IdempotencyOptions, protect, read_key, request_hash
+from idempotency.models import Status
+
+
+class IdempotentMixin:
+    """Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
+
+    Each ``get_idempotency_*`` hook can be overridden on a view; each class
+    attribute left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
+    """
+
+    idempotency_operation: str | None = None
+    idempotency_header: str | None = None
+    idempotency_required: bool | None = None
+    idempotency_fields: Collection[str] | None = None
+    idempotency_exclude: Collection[str] = ()
+    idempotency_mode: Mode | None = None
+    idempotency_lease_seconds: float | None = None
+    idempotency_lock_timeout: float | None = None
+
+    def get_idempotency_key(self, request: Request) -> str | None:
+        options = IdempotencyOptions(
+            header=self.idempotency_header, required=self.idempotency_required
+        )
+        return read_key(request, options)
+
+    def get_idempotency_scope(self, request: Request, operation: str) -> str:
+        return str(idempotency_settings.SCOPE_FUNCTION(request, operation))
+
+    def get_idempotency_fingerprint(self, request: Request) -> str:
+        options = IdempotencyOptions(
+            fields=self.idempotency_fields, exclude=self.idempotency_exclude
+        )
+        return request_hash(request, options)
+
+    def get_idempotency_outcome(self, response: HttpResponseBase) -> Status | None:
+        return load_callable(idempotency_settings.OUTCOME_POLICY, "OUTCOME_POLICY")(response)
+
+    def get_idempotency_operation(self) -> str:
+        if self.idempotency_operation:
+            return self.idempotency_operation
+        action = getattr(self, "action", None) or self.request.method.lower()  # type: ignore[attr-defined]
+        return f"{type(self).__module__}.{type(self).__qualname__}.{action}"
+
+    def get_idempotency_options(self) -> IdempotencyOptions:
+        return IdempotencyOptions(
+            operation=self.get_idempotency_operation(),
+            # The options' required check is done by get_idempotency_key itself.
+            required=False,
+            key=self.get_idempotency_key,
+            scope=self.get_idempotency_scope,
+            fingerprint=self._fingerprint_material,
+            mode=self.idempotency_mode,
+            lease_seconds=self.idempotency_lease_seconds,
+            lock_timeout=self.idempotency_lock_timeout,
+            outcome_policy=self.get_idempotency_outcome,
+        )
+
+    def run_idempotently(
+        self, request: Request, handler: Callable[[], HttpResponseBase]
+    ) -> HttpResponseBase:
+        options = self.get_idempotency_options()
+        return protect(request, handler, options, options.operation or "")
+
+    def _fingerprint_material(self, request: Request) -> str:
+        return self.get_idempotency_fingerprint(request)
+
+
+class IdempotentCreateMixin(IdempotentMixin):
+    """Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins."""
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return self.run_idempotently(
+            request,
+            lambda: super(IdempotentCreateMixin, self).create(request, *args, **kwargs),  # type: ignore[misc]
+        )

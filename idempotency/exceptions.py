@@ -1,0 +1,63 @@
+"""Errors of the idempotency protocol. They know nothing of HTTP; ``http.py`` maps them."""
+
+from __future__ import annotations
+
+
+class IdempotencyError(Exception):
+    code = "idempotency_error"
+    title = "Idempotency error"
+    default_detail = "The request could not be processed idempotently."
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail or self.default_detail
+        super().__init__(self.detail)
+
+
+class KeyMissing(IdempotencyError):
+    code = "idempotency_key_missing"
+    title = "Idempotency key missing"
+    default_detail = "This operation requires an idempotency key."
+
+
+class KeyInvalid(IdempotencyError):
+    code = "idempotency_key_invalid"
+    title = "Idempotency key invalid"
+    default_detail = "The idempotency key is malformed."
+
+
+class KeyInUse(IdempotencyError):
+    code = "idempotency_key_in_use"
+    title = "Idempotency key in use"
+    default_detail = "A request with this idempotency key is still being processed; retry later."
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
+class KeyReused(IdempotencyError):
+    code = "idempotency_key_reused"
+    title = "Idempotency key reused"
+    default_detail = "This idempotency key was already used with a different request."
+
+
+class ScopeUnavailable(IdempotencyError):
+    code = "idempotency_scope_unavailable"
+    title = "Idempotency scope unavailable"
+    default_detail = (
+        "Idempotent requests must be authenticated; anonymous callers cannot use this operation."
+    )
+
+
+class LeaseLost(IdempotencyError):
+    """A stale owner tried to write a record it no longer holds; nothing was changed."""
+
+    code = "idempotency_lease_lost"
+    title = "Idempotency lease lost"
+    default_detail = "The record is no longer held by this attempt; its outcome was not written."
+
+
+class TransitionNotAllowed(IdempotencyError):
+    code = "idempotency_transition_not_allowed"
+    title = "Transition not allowed"
+    default_detail = "The record's state does not allow this transition."

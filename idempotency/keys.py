@@ -1,0 +1,50 @@
+"""Parsing and validation of client-supplied idempotency keys."""
+
+from __future__ import annotations
+
+from idempotency.exceptions import KeyInvalid
+
+_FORBIDDEN = {",", '"'}
+
+
+def parse_key(raw: str, *, max_length: int) -> str:
+    """Return the key carried by a header value, or raise ``KeyInvalid``.
+
+    Accepts the bare form (``abc``) and the Structured Field string form
+    (``"abc"``) used by the IETF draft; both give the same key.
+    """
+    value = raw.strip(" \t")
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = _unquote(value[1:-1])
+    validate_key(value, max_length=max_length)
+    return value
+
+
+def validate_key(key: str, *, max_length: int) -> None:
+    if not key:
+        raise KeyInvalid("The idempotency key must not be empty.")
+    if len(key) > max_length:
+        raise KeyInvalid(f"The idempotency key must be at most {max_length} characters long.")
+    if any(not ("\x21" <= char <= "\x7e") or char in _FORBIDDEN for char in key):
+        raise KeyInvalid(
+            "The idempotency key may only contain visible ASCII characters "
+            "(0x21 to 0x7E) other than ',' and '\"'."
+        )
+
+
+def _unquote(inner: str) -> str:
+    chars: list[str] = []
+    escaped = False
+    for char in inner:
+        if escaped:
+            if char not in {"\\", '"'}:
+                raise KeyInvalid("The quoted idempotency key has an invalid escape sequence.")
+            chars.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        else:
+            chars.append(char)
+    if escaped:
+        raise KeyInvalid("The quoted idempotency key ends with a lone backslash.")
+    return "".join(chars)

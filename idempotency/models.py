@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    PROCESSING = "PROCESSING", _("Processing")
+    SUCCEEDED = "SUCCEEDED", _("Succeeded")
+    FAILED_RETRYABLE = "FAILED_RETRYABLE", _("Failed (retryable)")
+    FAILED_FINAL = "FAILED_FINAL", _("Failed (final)")
+    NEEDS_REVIEW = "NEEDS_REVIEW", _("Needs review")
+
+
+REPLAYABLE = frozenset({Status.SUCCEEDED, Status.FAILED_FINAL})
+PURGEABLE = (Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE)
+
+
+class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
+    def expired_leases(self) -> IdempotencyRecordQuerySet:
+        return self.filter(status=Status.PROCESSING, lease_until__lt=Now())
+
+    def stuck(self) -> IdempotencyRecordQuerySet:
+        return self.filter(
+            models.Q(status=Status.PROCESSING, lease_until__lt=Now())
+            | models.Q(status=Status.NEEDS_REVIEW)
+        )
+
+    def purgeable(self) -> IdempotencyRecordQuerySet:
+        return self.filter(expires_at__lt=Now(), status__in=PURGEABLE)
+
+
+class IdempotencyRecord(models.Model):
+    scope = models.CharField(_("scope"), max_length=255)
+    idem_key = models.CharField(_("idempotency key"), max_length=255)
+    operation = models.CharField(_("operation"), max_length=255, blank=True)
+    request_hash = models.CharField(
+        _("request hash"), max_length=64, help_text=_("SHA-256 of the request fingerprint.")
+    )
+    request_method = models.CharField(_("request method"), max_length=16, blank=True)
+    request_path = models.CharField(_("request path"), max_length=2048, blank=True)
+    status = models.CharField(
+        _("status"), max_length=20, choices=Status.choices, default=Status.PROCESSING
+    )
+    owner_token = models.CharField(
+        _("owner token"),
+        max_length=64,
+        help_text=_("Random token of the attempt holding the record; fences its writes."),
+    )
+    lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
+    response_headers = models.JSONField(_("response headers"), default=list, blank=True)
+    response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    resource_id = models.CharField(_("resource id"), max_length=255, blank=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=1)
+    recovery_attempts = models.PositiveIntegerField(_("recovery attempts"), default=0)
+    version = models.PositiveIntegerField(_("version"), default=1)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
+
+    objects = IdempotencyRecordQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "idem_key"], name="idempotency_scope_key_uniq"
+            ),
+        ]
+        indexes = [
+            # Serves the recovery scan: only in-flight rows are indexed.
+            models.Index(
+                fields=["lease_until"],
+                name="idempotency_lease_idx",
+                condition=models.Q(status="PROCESSING"),
+            ),
+            # Serves purge: only rows that can expire are indexed.
+            models.Index(
+                fields=["expires_at"],
+                name="idempotency_expires_idx",
+                condition=models.Q(expires_at__isnull=False),
+            ),
+            models.Index(fields=["status", "created_at"], name="idempotency_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} / {self.idem_key} ({self.status})"

@@ -1,0 +1,17 @@
+from django.urls import include, path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.routers import SimpleRouter
+
+from tests.testapp import views
+
+router = SimpleRouter()
+router.register("orders", views.OrderViewSet, basename="order")
+router.register("optional-orders", views.OptionalKeyOrderViewSet, basename="optional-order")
+
+urlpatterns = [
+    path("", include(router.urls)),
+    path("charge/", views.charge),
+    path("webhook/", views.webhook),
+    path("plain/", csrf_exempt(views.plain_view)),
+    path("big/", views.big),
+]
