@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from numbers import Real
 from typing import Any
 
 from django.apps import AppConfig
@@ -56,8 +55,8 @@ def _string(name: str, error_id: str) -> Check:
 def _positive_number(name: str, error_id: str, *, integer: bool = False) -> Check:
     def check(user: dict[str, Any]) -> list[CheckMessage]:
         value = user.get(name, DEFAULTS[name])
-        kind = int if integer else Real
-        if isinstance(value, kind) and not isinstance(value, bool) and value > 0:
+        number = isinstance(value, int) or (not integer and isinstance(value, float))
+        if number and not isinstance(value, bool) and value > 0:
             return []
         noun = "a positive integer" if integer else "a positive number"
         return [Error(f"IDEMPOTENCY[{name!r}] should be {noun}.", id=error_id)]
@@ -145,7 +144,9 @@ def _retention(user: dict[str, Any]) -> list[CheckMessage]:
 def _valid_window(window: Any) -> bool:
     return isinstance(window, dict) and all(
         status in PURGEABLE
-        and (seconds is None or (isinstance(seconds, Real) and not isinstance(seconds, bool)))
+        and (
+            seconds is None or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool))
+        )
         and (seconds is None or seconds >= 0)
         for status, seconds in window.items()
     )

@@ -52,9 +52,9 @@ class IdempotencyOptions:
     operation: str | None = None
     header: str | None = None
     required: bool | None = None
-    key: Callable[[AnyRequest], str | None] | str | None = None
-    scope: Callable[[AnyRequest, str], str] | str | None = None
-    fingerprint: Callable[[AnyRequest], str | bytes] | str | None = None
+    key: Callable[..., str | None] | str | None = None
+    scope: Callable[..., str] | str | None = None
+    fingerprint: Callable[..., str | bytes] | str | None = None
     fields: Collection[str] | None = None
     exclude: Collection[str] = ()
     mode: Mode | None = None
@@ -307,13 +307,13 @@ def _drf_error(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase
     exception = IdempotencyAPIException(error)
     if isinstance(request, Request):
         raise exception  # the view's handle_exception and the project's handler take it
-    handler = api_settings.EXCEPTION_HANDLER
+    handler: Callable[..., Response | None] = api_settings.EXCEPTION_HANDLER  # type: ignore[assignment]
     response = handler(exception, {"request": request, "view": None, "args": (), "kwargs": {}})
     if response is None:
         return problem_response(error)
     response.accepted_renderer = JSONRenderer()
     response.accepted_media_type = "application/json"
-    response.renderer_context = {"request": request, "response": response}
+    response.renderer_context = {"request": request, "response": response}  # type: ignore[attr-defined]
     response.render()
     return response
 

@@ -1,0 +1,13 @@
+.PHONY: example test lint
+
+# Run the example project on http://127.0.0.1:8000/ (SQLite unless DATABASE_URL is set).
+example:
+	bash scripts/example.sh
+
+# The full suite: ruff, mypy, all tests on SQLite and on PostgreSQL.
+test:
+	bash scripts/test.sh
+
+lint:
+	bash scripts/bootstrap.sh
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

@@ -1,0 +1,79 @@
+"""Operator and recovery state changes, through the state machine of DESIGN.md section 2.
+
+Every change is a conditional UPDATE on the state and version the caller saw
+(optimistic, fenced): if anything changed the record meanwhile, nothing is
+written and ``TransitionNotAllowed`` says so.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from idempotency.core import StoredResponse, retention_for
+from idempotency.exceptions import TransitionNotAllowed
+from idempotency.models import IdempotencyRecord, Status
+
+# Transitions made outside a request: by recovery or by an operator.
+# (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to core.claim.)
+ALLOWED: dict[str, frozenset[str]] = {
+    Status.PROCESSING: frozenset(
+        {Status.SUCCEEDED, Status.FAILED_RETRYABLE, Status.FAILED_FINAL, Status.NEEDS_REVIEW}
+    ),
+    Status.NEEDS_REVIEW: frozenset(
+        {Status.SUCCEEDED, Status.FAILED_RETRYABLE, Status.FAILED_FINAL}
+    ),
+}
+
+
+def can_transition(record: IdempotencyRecord, target: str) -> bool:
+    return target in ALLOWED.get(record.status, frozenset())
+
+
+def transition(
+    record: IdempotencyRecord,
+    target: Status,
+    *,
+    resource_id: str | None = None,
+    response: StoredResponse | None = None,
+    using: str | None = None,
+) -> IdempotencyRecord:
+    """Move ``record`` to ``target`` if the state machine allows it and nobody changed it.
+
+    A ``PROCESSING`` record can only be moved once its lease has expired (judged
+    by the database clock): a live owner is never overtaken.
+    """
+    if not can_transition(record, target):
+        raise TransitionNotAllowed(f"A {record.status} record cannot become {target}.")
+    guard = Q(pk=record.pk, status=record.status, version=record.version)
+    if record.status == Status.PROCESSING:
+        guard &= Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+    window = retention_for(record.operation, target)
+    values: dict[str, object] = {
+        "status": target,
+        "owner_token": secrets.token_hex(16),
+        "lease_until": None,
+        "updated_at": Now(),
+        "version": F("version") + 1,
+        "expires_at": None if window is None else Now() + window,
+    }
+    if target in (Status.SUCCEEDED, Status.FAILED_FINAL):
+        values["completed_at"] = Now()
+    if target == Status.NEEDS_REVIEW:
+        values["expires_at"] = None
+    if resource_id is not None:
+        values["resource_id"] = resource_id[:255]
+    if response is not None:
+        values.update(
+            response_status=response.status,
+            response_headers=[list(pair) for pair in response.headers],
+            response_body=response.body,
+        )
+    records = IdempotencyRecord.objects.using(using or record._state.db)
+    if not records.filter(guard).update(**values):
+        raise TransitionNotAllowed(
+            "The record changed meanwhile (or its lease is still live); reload it and retry."
+        )
+    return records.get(pk=record.pk)

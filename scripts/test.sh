@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The full suite: lint, types, then every test on SQLite and again on PostgreSQL
+# (with the concurrency, Celery and browser tests, which need real services).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+bash scripts/services.sh postgres redis
+PY=.venv/bin/python
+
+echo "== ruff"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
+echo "== mypy"
+"$PY" -m mypy
+echo "== tests on SQLite"
+env -u DATABASE_URL "$PY" -m pytest -m "not postgres" "$@"
+echo "== tests on PostgreSQL"
+DATABASE_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency} \
+  REQUIRE_POSTGRES=1 "$PY" -m pytest "$@"
