@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
+    from idempotency.functions import idempotent_function
     from idempotency.http import IdempotencyOptions, mark_final
     from idempotency.models import IdempotencyRecord, Status
 
@@ -32,6 +33,7 @@ _LAZY = {
     "StoredResponse": "idempotency.core",
     "execute": "idempotency.core",
     "idempotent": "idempotency.decorators",
+    "idempotent_function": "idempotency.functions",
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
     "IdempotencyOptions": "idempotency.http",
@@ -60,6 +62,7 @@ __all__ = [
     "TransitionNotAllowed",
     "execute",
     "idempotent",
+    "idempotent_function",
     "mark_final",
 ]
 
