@@ -12,6 +12,8 @@ echo "== ruff"
 "$PY" -m ruff format --check .
 echo "== mypy"
 "$PY" -m mypy
+echo "== docs"
+"$PY" -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 echo "== tests on SQLite"
 env -u DATABASE_URL "$PY" -m pytest -m "not postgres" "$@"
 echo "== tests on PostgreSQL"
