@@ -66,6 +66,10 @@ class IdempotencyRecord(models.Model):
     class Meta:
         verbose_name = _("idempotency record")
         verbose_name_plural = _("idempotency records")
+        # Operators who may move stuck records through the state machine in the admin.
+        permissions = [
+            ("resolve_idempotencyrecord", _("Can resolve stuck idempotency records")),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["scope", "idem_key"], name="idempotency_scope_key_uniq"
