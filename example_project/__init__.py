@@ -1,0 +1,1 @@
+"""A small DRF API that uses django-idempotency: orders and a signed payment callback."""

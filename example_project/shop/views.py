@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from rest_framework import viewsets
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.exceptions import APIException
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+
+from example_project.shop.authentication import PaymentSignatureAuthentication
+from example_project.shop.models import Order
+from example_project.shop.payments import record_payment
+from example_project.shop.serializers import (
+    OrderSerializer,
+    PaymentCallbackSerializer,
+    TradeSerializer,
+)
+from idempotency import IdempotentCreateMixin, idempotent
+
+
+class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet):
+    """The caller's orders; ``POST`` needs an ``Idempotency-Key`` header."""
+
+    serializer_class = OrderSerializer
+
+    def get_queryset(self) -> QuerySet[Order]:
+        return Order.objects.filter(owner=self.request.user)
+
+    def perform_create(self, serializer: BaseSerializer[Order]) -> None:
+        serializer.save(owner=self.request.user)
+
+    def perform_destroy(self, instance: Order) -> None:
+        if instance.status == Order.Status.PAID:
+            raise OrderPaid()
+        instance.delete()
+
+
+class OrderPaid(APIException):
+    status_code = 409
+    default_detail = "A paid order cannot be deleted."
+    default_code = "order_paid"
+
+
+def _trade(request: Request) -> dict[str, str]:
+    # Invalid key fields answer 400 before any idempotency record is written.
+    trade = TradeSerializer(data=request.data)
+    trade.is_valid(raise_exception=True)
+    return trade.validated_data  # type: ignore[return-value]
+
+
+def trade_key(request: Request) -> str:
+    trade = _trade(request)
+    return f"{trade['provider']}:{trade['trade_no']}"
+
+
+def provider_scope(request: Request, operation: str) -> str:
+    return f"payments:{_trade(request)['provider']}"
+
+
+@api_view(["POST"])
+@authentication_classes([PaymentSignatureAuthentication])
+@permission_classes([IsAuthenticated])
+@idempotent(key=trade_key, scope=provider_scope)
+def payment_callback(request: Request) -> Response:
+    """A provider's notice that a trade paid an order; providers re-send until they get 2xx."""
+    callback = PaymentCallbackSerializer(data=request.data)
+    callback.is_valid(raise_exception=True)
+    order = record_payment(**callback.validated_data)
+    return Response({"order_id": order.pk, "status": order.status})

@@ -1,0 +1,23 @@
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.reverse import reverse
+
+# URL name -> what it does; the root page lists them.
+ENDPOINTS = {
+    "order-list": "Orders of the caller. POST needs an Idempotency-Key header.",
+    "payment-callback": "Payment provider callback, signed with X-Signature.",
+    "admin:index": "Django admin.",
+}
+
+
+@api_view(["GET"])
+@permission_classes([AllowAny])
+def api_root(request: Request) -> Response:
+    return Response(
+        {
+            name: {"url": reverse(name, request=request), "description": description}
+            for name, description in ENDPOINTS.items()
+        }
+    )
