@@ -19,6 +19,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "idempotency",
     "tests.testapp.apps.TestAppConfig",
+    "example_project.shop",
 ]
 
 MIDDLEWARE = [
@@ -58,3 +59,6 @@ REST_FRAMEWORK = {
 }
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The example project's payment callback (tests/test_example_project.py).
+PAYMENT_WEBHOOK_SECRET = "tests-webhook-secret"
