@@ -9,3 +9,6 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from idempotency import checks  # noqa: F401  (registers the system checks)
+        from idempotency import logs
+
+        logs.connect()

@@ -171,11 +171,8 @@ def _replay(
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
     assert record is not None
+    # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
-    logger.info(
-        "idempotency replay",
-        extra={"scope": operation.scope, "operation": operation.name, "status": record.status},
-    )
     return replay(record)
 
 
@@ -295,13 +292,20 @@ def _release(attempt: Attempt, *, delete: bool) -> None:
     if delete:
         owned.delete()
         return
-    owned.update(
+    released = owned.update(
         status=Status.FAILED_RETRYABLE,
         lease_until=None,
         expires_at=_expiry(attempt.operation, Status.FAILED_RETRYABLE),
         updated_at=Now(),
         version=F("version") + 1,
     )
+    if released:
+        signals.record_completed.send(
+            IdempotencyRecord,
+            record=attempt.record,
+            operation=attempt.operation,
+            status=Status.FAILED_RETRYABLE,
+        )
 
 
 def _owned(operation: Operation, pk: int, token: str):  # type: ignore[no-untyped-def]

@@ -1,21 +1,33 @@
 """Signals for metrics and logs. Each is sent with ``sender=IdempotencyRecord``.
 
+``operation`` is the ``core.Operation`` being run (``.scope``, ``.key``, ``.name``)
+for the protocol's signals, and the operation's name (``str``) for recovery.
+In atomic mode the protocol's signals are sent inside the request's transaction:
+a receiver must be quick and must not raise (an exception reaches the caller).
 Keys are passed for logs and traces; never use them as metric labels.
+docs/observability.md documents each one; idempotency/logs.py logs each one.
 """
 
 from django.dispatch import Signal
 
-# record, operation, reclaimed: bool
+# A request claimed the record and will run the work.
+# record, operation, reclaimed: bool (True when a FAILED_RETRYABLE record was re-claimed)
 record_claimed = Signal()
+# A repeat was answered from the stored outcome; the work did not run.
 # record, operation
 response_replayed = Signal()
-# operation, retry_after
+# A repeat arrived while the first attempt was in flight (answered 409).
+# operation, retry_after: int (seconds)
 key_in_use = Signal()
+# The key was sent again with a different request fingerprint (answered 422).
 # record, operation
 key_reused = Signal()
-# record, operation, status
+# An attempt recorded its outcome (or, in lease mode, failed and released the key).
+# record, operation, status: Status (SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE)
 record_completed = Signal()
-# record, operation, outcome (one of "succeeded", "released", "needs_review", "unknown")
+# Recovery resolved an expired or stuck record.
+# record, operation: str, outcome (one of "succeeded", "released", "needs_review", "unknown")
 record_recovered = Signal()
-# count, dry_run
+# Purge deleted (or, with dry_run, counted) expired records.
+# count: int, dry_run: bool
 records_purged = Signal()

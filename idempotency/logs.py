@@ -1,0 +1,107 @@
+"""The ``idempotency`` logger: one record per signal, with scope and operation.
+
+Connected in ``IdempotencyConfig.ready``, so logs and metrics always see the same
+events. Each record carries ``extra`` fields (``event``, ``scope``, ``operation``
+and the event's own facts) for structured formatters. The client's key is
+logged only at DEBUG: keys can be provider transaction ids or other values a
+project would rather not ship to its log store.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from idempotency import signals
+from idempotency.models import IdempotencyRecord
+
+logger = logging.getLogger("idempotency")
+
+
+def operation_name(operation: Any) -> str:
+    """Signals carry an ``Operation`` from the protocol or a plain name from recovery."""
+    return str(getattr(operation, "name", operation) or "")
+
+
+def _scope(operation: Any, record: IdempotencyRecord | None) -> str:
+    scope = getattr(operation, "scope", None) or getattr(record, "scope", "")
+    return str(scope)
+
+
+def _key(operation: Any, record: IdempotencyRecord | None) -> str:
+    return str(getattr(operation, "key", None) or getattr(record, "idem_key", ""))
+
+
+def _log(
+    level: int,
+    event: str,
+    operation: Any = None,
+    record: IdempotencyRecord | None = None,
+    **facts: Any,
+) -> None:
+    if not logger.isEnabledFor(level):
+        return
+    extra = {
+        "event": f"idempotency.{event}",
+        "scope": _scope(operation, record),
+        "operation": operation_name(operation) or getattr(record, "operation", ""),
+        **facts,
+    }
+    details = " ".join(f"{name}={value}" for name, value in extra.items() if name != "event")
+    logger.log(level, "idempotency %s %s", event, details, extra=extra)
+    if logger.isEnabledFor(logging.DEBUG):
+        key = _key(operation, record)
+        logger.debug("idempotency %s key=%r", event, key, extra={**extra, "key": key})
+
+
+def on_claimed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
+    reclaimed = bool(kwargs.get("reclaimed", False))
+    _log(logging.INFO, "claimed", operation, record, reclaimed=reclaimed)
+
+
+def on_replayed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
+    _log(logging.INFO, "replayed", operation, record, status=record.status)
+
+
+def on_key_in_use(sender: Any, operation: Any, **kwargs: Any) -> None:
+    _log(logging.INFO, "in_use", operation, retry_after=kwargs.get("retry_after"))
+
+
+def on_key_reused(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
+    # A client sent another request under a used key: a client bug worth seeing.
+    _log(logging.WARNING, "key_reused", operation, record)
+
+
+def on_completed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
+    _log(logging.INFO, "completed", operation, record, status=str(kwargs.get("status", "")))
+
+
+def on_recovered(sender: Any, record: IdempotencyRecord, **kwargs: Any) -> None:
+    outcome = str(kwargs.get("outcome", ""))
+    # Anything but a clean resolution needs a person.
+    level = logging.INFO if outcome in ("succeeded", "released") else logging.WARNING
+    _log(level, "recovered", kwargs.get("operation"), record, outcome=outcome)
+
+
+def on_purged(sender: Any, **kwargs: Any) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    count, dry_run = kwargs.get("count", 0), bool(kwargs.get("dry_run", False))
+    extra = {"event": "idempotency.purged", "count": count, "dry_run": dry_run}
+    logger.info("idempotency purged count=%s dry_run=%s", count, dry_run, extra=extra)
+
+
+RECEIVERS = [
+    (signals.record_claimed, on_claimed),
+    (signals.response_replayed, on_replayed),
+    (signals.key_in_use, on_key_in_use),
+    (signals.key_reused, on_key_reused),
+    (signals.record_completed, on_completed),
+    (signals.record_recovered, on_recovered),
+    (signals.records_purged, on_purged),
+]
+
+
+def connect() -> None:
+    for signal, receiver in RECEIVERS:
+        signal.connect(receiver, dispatch_uid=f"idempotency.logs.{receiver.__name__}")
