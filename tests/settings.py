@@ -8,6 +8,7 @@ SECRET_KEY = "tests-only"
 DEBUG = False
 USE_TZ = True
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -16,6 +17,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.admin",
+    "django.contrib.staticfiles",
     "rest_framework",
     "idempotency",
     "tests.testapp.apps.TestAppConfig",

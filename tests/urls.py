@@ -1,3 +1,4 @@
+from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.routers import SimpleRouter
@@ -9,6 +10,7 @@ router.register("orders", views.OrderViewSet, basename="order")
 router.register("optional-orders", views.OptionalKeyOrderViewSet, basename="optional-order")
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("", include(router.urls)),
     path("charge/", views.charge),
     path("webhook/", views.webhook),
