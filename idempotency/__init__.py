@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from idempotency.functions import idempotent_function
     from idempotency.http import IdempotencyOptions, mark_final
     from idempotency.models import IdempotencyRecord, Status
+    from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
+    from idempotency.resolvers import Resolution, Resolver
+    from idempotency.retention import purge
 
 # Everything below touches models or DRF, so it loads on first use: ``import
 # idempotency`` must work while Django is still populating the app registry.
@@ -40,6 +43,12 @@ _LAZY = {
     "mark_final": "idempotency.http",
     "IdempotencyRecord": "idempotency.models",
     "Status": "idempotency.models",
+    "RecoveryReport": "idempotency.recovery",
+    "recover_expired": "idempotency.recovery",
+    "resolve_record": "idempotency.recovery",
+    "Resolution": "idempotency.resolvers",
+    "Resolver": "idempotency.resolvers",
+    "purge": "idempotency.retention",
 }
 
 __all__ = [
@@ -56,6 +65,9 @@ __all__ = [
     "LeaseLost",
     "Operation",
     "Outcome",
+    "RecoveryReport",
+    "Resolution",
+    "Resolver",
     "ScopeUnavailable",
     "Status",
     "StoredResponse",
@@ -64,6 +76,9 @@ __all__ = [
     "idempotent",
     "idempotent_function",
     "mark_final",
+    "purge",
+    "recover_expired",
+    "resolve_record",
 ]
 
 

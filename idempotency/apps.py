@@ -8,7 +8,9 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency import checks  # noqa: F401  (registers the system checks)
-        from idempotency import logs
+        from idempotency import (
+            checks,  # noqa: F401  (registers the system checks)
+            logs,
+        )
 
         logs.connect()

@@ -207,4 +207,5 @@ CHECKS: list[Check] = [
     _boolean("RELEASE_EXPIRED_WITHOUT_RESOLVER", "idempotency.E022"),
     _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
     _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
+    _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
 ]

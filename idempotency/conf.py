@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": None,
     "RESOLVERS": {},
     "MAX_RESOLVE_ATTEMPTS": 5,
+    "RESOLVE_RETRY_SECONDS": 60.0,
     "RELEASE_EXPIRED_WITHOUT_RESOLVER": False,
     "RECOVERY_BATCH_SIZE": 100,
     "PURGE_BATCH_SIZE": 1000,
@@ -135,6 +136,10 @@ class Settings:
     @property
     def MAX_RESOLVE_ATTEMPTS(self) -> int:
         return int(self._get("MAX_RESOLVE_ATTEMPTS"))
+
+    @property
+    def RESOLVE_RETRY_SECONDS(self) -> float:
+        return float(self._get("RESOLVE_RETRY_SECONDS"))
 
     @property
     def RELEASE_EXPIRED_WITHOUT_RESOLVER(self) -> bool:

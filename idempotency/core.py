@@ -8,6 +8,7 @@ rebuild it from a stored record.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from idempotency import signals
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
+from idempotency.resolvers import ResolverSpec, resolver_for
 
 logger = logging.getLogger("idempotency")
 
@@ -48,6 +50,9 @@ class Operation:
     lease_seconds: float | None = None
     lock_timeout: float | None = None
     using: str | None = None
+    # Who says what happened when a lease is lost: a callable or a dotted path
+    # (see idempotency.resolvers); None looks it up by ``name``.
+    resolver: ResolverSpec | None = None
 
     @property
     def database(self) -> str:
@@ -196,7 +201,30 @@ def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | No
     if record.status == Status.FAILED_RETRYABLE:
         _reclaim(operation, record, token)
         return _claimed(operation, record, token, reclaimed=True), None
+    if _lease_lost(record):
+        return _after_lost_lease(operation, record, token)
     raise _in_use(operation, record)
+
+
+def _lease_lost(record: IdempotencyRecord) -> bool:
+    """The owner's lease ran out, by the database's clock (``lease_remaining``)."""
+    remaining = getattr(record, "lease_remaining", None)
+    return record.status == Status.PROCESSING and remaining is not None and remaining < timedelta(0)
+
+
+def _after_lost_lease(
+    operation: Operation, record: IdempotencyRecord, token: str
+) -> tuple[Attempt | None, IdempotencyRecord | None]:
+    """Never re-run blindly: the first attempt may have had its effect. Ask the resolver."""
+    from idempotency.recovery import settle  # recovery builds on core: import at use
+
+    _, settled = settle(record, resolver_for(operation.name, operation.resolver))
+    if settled.status in REPLAYABLE:
+        return None, settled
+    if settled.status == Status.FAILED_RETRYABLE:
+        _reclaim(operation, settled, token)
+        return _claimed(operation, settled, token, reclaimed=True), None
+    raise _in_use(operation, _locked(operation).get(pk=settled.pk))
 
 
 def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
@@ -213,15 +241,26 @@ def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
     )
     # The unique constraint is the arbiter: of concurrent inserts exactly one
     # lands, the others wait for it (bounded) and then lock the winner's row.
-    records.bulk_create([candidate], ignore_conflicts=True)
+    for _ in range(3):
+        records.bulk_create([candidate], ignore_conflicts=True)
+        try:
+            return _locked(operation).get(scope=operation.scope, idem_key=operation.key)
+        except IdempotencyRecord.DoesNotExist:
+            # Purged between our insert and our lock: the key is free, insert again.
+            continue
+    raise KeyInUse(retry_after=idempotency_settings.RETRY_AFTER)
+
+
+def _locked(operation: Operation):  # type: ignore[no-untyped-def]
+    """Records locked for this transaction, with their remaining lease by the database clock."""
     return (
-        records.select_for_update()
+        IdempotencyRecord.objects.using(operation.database)
+        .select_for_update()
         .annotate(
             lease_remaining=ExpressionWrapper(
                 F("lease_until") - Now(), output_field=DurationField()
             ),
         )
-        .get(scope=operation.scope, idem_key=operation.key)
     )
 
 
@@ -258,7 +297,7 @@ def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
     retry_after = idempotency_settings.RETRY_AFTER
     remaining = getattr(record, "lease_remaining", None)
     if remaining is not None and remaining > timedelta(0):
-        retry_after = max(retry_after, int(remaining.total_seconds() + 0.999))
+        retry_after = max(retry_after, math.ceil(remaining.total_seconds()))
     signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
     return KeyInUse(retry_after=retry_after)
 

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 
 from idempotency.core import Mode
 from idempotency.http import AnyRequest, IdempotencyOptions, protect
+from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +32,7 @@ def idempotent(
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
     outcome_policy: Callable[..., Any] | str | None = None,
+    resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]:
     """Make a view safe to retry.
 
@@ -50,6 +52,7 @@ def idempotent(
         lease_seconds=lease_seconds,
         lock_timeout=lock_timeout,
         outcome_policy=outcome_policy,
+        resolver=resolver,
     )
 
     def decorator(view: F) -> F:
@@ -58,6 +61,9 @@ def idempotent(
                 f"@idempotent does not support async views yet ({view.__qualname__})."
             )
         default_operation = f"{view.__module__}.{view.__qualname__}"
+        if resolver is not None:
+            # So that recovery, in a worker that never serves this view, finds it.
+            register(options.operation or default_operation, resolver)
 
         @wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,11 @@ from idempotency.conf import idempotency_settings, load_callable
 from idempotency.core import Mode
 from idempotency.http import IdempotencyOptions, protect, read_key, request_hash
 from idempotency.models import Status
+from idempotency.resolvers import ResolverSpec, register
+
+
+def _operation_name(view: type, action: str) -> str:
+    return f"{view.__module__}.{view.__qualname__}.{action}"
 
 
 class IdempotentMixin:
@@ -29,6 +34,24 @@ class IdempotentMixin:
     idempotency_mode: Mode | None = None
     idempotency_lease_seconds: float | None = None
     idempotency_lock_timeout: float | None = None
+    # A callable or dotted path (see idempotency.resolvers); set on the class.
+    idempotency_resolver: ResolverSpec | None = None
+    # Operation names ``idempotency_resolver`` is registered under for recovery.
+    idempotency_resolved_actions: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        resolver = cls.idempotency_resolver
+        if resolver is None:
+            return
+        # Recovery runs where no request ever reached this view: register it by name now.
+        names = (
+            [cls.idempotency_operation]
+            if cls.idempotency_operation
+            else [_operation_name(cls, action) for action in cls.idempotency_resolved_actions]
+        )
+        for name in names:
+            register(name, resolver)
 
     def get_idempotency_key(self, request: Request) -> str | None:
         options = IdempotencyOptions(
@@ -52,7 +75,7 @@ class IdempotentMixin:
         if self.idempotency_operation:
             return self.idempotency_operation
         action = getattr(self, "action", None) or self.request.method.lower()  # type: ignore[attr-defined]
-        return f"{type(self).__module__}.{type(self).__qualname__}.{action}"
+        return _operation_name(type(self), action)
 
     def get_idempotency_options(self) -> IdempotencyOptions:
         return IdempotencyOptions(
@@ -66,6 +89,8 @@ class IdempotentMixin:
             lease_seconds=self.idempotency_lease_seconds,
             lock_timeout=self.idempotency_lock_timeout,
             outcome_policy=self.get_idempotency_outcome,
+            # Read from the class: a function stored on it must not become a bound method.
+            resolver=type(self).idempotency_resolver,
         )
 
     def run_idempotently(
@@ -80,6 +105,8 @@ class IdempotentMixin:
 
 class IdempotentCreateMixin(IdempotentMixin):
     """Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins."""
+
+    idempotency_resolved_actions = ("create", "post")
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         return self.run_idempotently(

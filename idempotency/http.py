@@ -27,6 +27,7 @@ from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, Scope
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.resolvers import ResolverSpec
 
 logger = logging.getLogger("idempotency")
 
@@ -61,6 +62,7 @@ class IdempotencyOptions:
     lease_seconds: float | None = None
     lock_timeout: float | None = None
     outcome_policy: Callable[[HttpResponseBase], Status | None] | str | None = None
+    resolver: ResolverSpec | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -124,6 +126,7 @@ def build_operation(
         mode=options.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
         lease_seconds=options.lease_seconds,
         lock_timeout=options.lock_timeout,
+        resolver=options.resolver,
     )
 
 

@@ -8,6 +8,7 @@ written and ``TransitionNotAllowed`` says so.
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -39,6 +40,7 @@ def transition(
     resource_id: str | None = None,
     response: StoredResponse | None = None,
     using: str | None = None,
+    recovery_attempt: bool = False,
 ) -> IdempotencyRecord:
     """Move ``record`` to ``target`` if the state machine allows it and nobody changed it.
 
@@ -63,6 +65,8 @@ def transition(
         values["completed_at"] = Now()
     if target == Status.NEEDS_REVIEW:
         values["expires_at"] = None
+    if recovery_attempt:
+        values["recovery_attempts"] = F("recovery_attempts") + 1
     if resource_id is not None:
         values["resource_id"] = resource_id[:255]
     if response is not None:
@@ -73,6 +77,35 @@ def transition(
         )
     records = IdempotencyRecord.objects.using(using or record._state.db)
     if not records.filter(guard).update(**values):
+        raise TransitionNotAllowed(
+            "The record changed meanwhile (or its lease is still live); reload it and retry."
+        )
+    return records.get(pk=record.pk)
+
+
+def postpone(
+    record: IdempotencyRecord, seconds: float, *, using: str | None = None
+) -> IdempotencyRecord:
+    """Keep an expired ``PROCESSING`` record as it is for ``seconds`` more (outcome unknown).
+
+    The owner token is kept: if the first attempt is merely slow, it can still
+    finish. The record counts one more recovery attempt.
+    """
+    if record.status != Status.PROCESSING:
+        raise TransitionNotAllowed(
+            f"Only a PROCESSING record can be postponed, not {record.status}."
+        )
+    guard = Q(pk=record.pk, status=record.status, version=record.version) & (
+        Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+    )
+    records = IdempotencyRecord.objects.using(using or record._state.db)
+    updated = records.filter(guard).update(
+        lease_until=Now() + timedelta(seconds=seconds),
+        recovery_attempts=F("recovery_attempts") + 1,
+        updated_at=Now(),
+        version=F("version") + 1,
+    )
+    if not updated:
         raise TransitionNotAllowed(
             "The record changed meanwhile (or its lease is still live); reload it and retry."
         )

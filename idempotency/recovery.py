@@ -1,0 +1,177 @@
+"""Recovery: settle ``PROCESSING`` records whose lease expired, by asking their resolver.
+
+A lost lease is never re-run blindly: the first attempt may have had its
+effect. The resolver looks at the business facts; its answer moves the record
+through ``transitions`` (``SUCCEEDED``, ``FAILED_RETRYABLE``, or after
+``MAX_RESOLVE_ATTEMPTS`` unknown answers ``NEEDS_REVIEW``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from django.db import DEFAULT_DB_ALIAS, router, transaction
+
+from idempotency import signals
+from idempotency.conf import idempotency_settings
+from idempotency.exceptions import TransitionNotAllowed
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.resolvers import Resolution, Resolver, ask, resolver_for
+from idempotency.transitions import postpone, transition
+
+# What happened to a record (the ``outcome`` of ``signals.record_recovered``).
+SUCCEEDED = "succeeded"
+RELEASED = "released"
+NEEDS_REVIEW = "needs_review"
+UNKNOWN = "unknown"
+SKIPPED = "skipped"
+
+
+@dataclass
+class RecoveryReport:
+    """Counts of one recovery pass; with ``dry_run``, what the pass would have done."""
+
+    dry_run: bool = False
+    succeeded: int = 0
+    released: int = 0
+    needs_review: int = 0
+    unknown: int = 0
+    skipped: int = 0
+
+    @property
+    def examined(self) -> int:
+        return self.succeeded + self.released + self.needs_review + self.unknown + self.skipped
+
+    def add(self, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return {**asdict(self), "examined": self.examined}
+
+
+def resolve_record(record: IdempotencyRecord) -> str:
+    """Ask ``record``'s resolver now and apply the answer; returns what happened.
+
+    Works on a ``PROCESSING`` record whose lease expired and on a
+    ``NEEDS_REVIEW`` record (an operator asking again). Anything else, or a
+    record another worker holds right now, is ``"skipped"``.
+    """
+    database = record._state.db or _database()
+    with transaction.atomic(using=database):
+        locked = (
+            _eligible(IdempotencyRecord.objects.using(database))
+            .select_for_update(skip_locked=True)
+            .filter(pk=record.pk)
+            .first()
+        )
+        if locked is None:
+            return SKIPPED
+        outcome, _ = settle(locked, resolver_for(locked.operation))
+    return outcome
+
+
+def recover_expired(batch_size: int | None = None, dry_run: bool = False) -> RecoveryReport:
+    """One recovery pass over every record whose lease has expired, in bounded batches.
+
+    Each batch is one short transaction that locks its rows with
+    ``SKIP LOCKED``: several workers can run this at once and never handle the
+    same record. With ``dry_run`` the resolvers are asked (they only read) but
+    nothing is written.
+    """
+    size = batch_size or idempotency_settings.RECOVERY_BATCH_SIZE
+    if size < 1:
+        raise ValueError("batch_size should be a positive integer.")
+    database = _database()
+    report = RecoveryReport(dry_run=dry_run)
+    last_pk = 0
+    while True:
+        with transaction.atomic(using=database):
+            batch = _next_batch(database, after=last_pk, size=size, lock=not dry_run)
+            for record in batch:
+                report.add(_recover_one(record, dry_run=dry_run))
+        if len(batch) < size:
+            return report
+        last_pk = batch[-1].pk
+
+
+def settle(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, IdempotencyRecord]:
+    """Apply ``resolver``'s answer to ``record``, which the caller has locked.
+
+    Returns what happened and the record as it is now.
+    """
+    resolution = ask(resolver, record) if resolver is not None else None
+    outcome = decide(record, resolution)
+    updated = _apply(record, outcome, resolution)
+    # idempotency/logs.py logs this signal.
+    signals.record_recovered.send(
+        IdempotencyRecord, record=updated, operation=record.operation, outcome=outcome
+    )
+    return outcome, updated
+
+
+def decide(record: IdempotencyRecord, resolution: Resolution | None) -> str:
+    """What a resolver's answer (``None``: there is no resolver) does to ``record``."""
+    if resolution is None:
+        if record.status == Status.NEEDS_REVIEW:
+            return UNKNOWN
+        return RELEASED if idempotency_settings.RELEASE_EXPIRED_WITHOUT_RESOLVER else NEEDS_REVIEW
+    if resolution.answer == "done":
+        return SUCCEEDED
+    if resolution.answer == "not_done":
+        return RELEASED
+    if record.status == Status.PROCESSING and (
+        record.recovery_attempts + 1 >= idempotency_settings.MAX_RESOLVE_ATTEMPTS
+    ):
+        return NEEDS_REVIEW
+    return UNKNOWN
+
+
+def _apply(
+    record: IdempotencyRecord, outcome: str, resolution: Resolution | None
+) -> IdempotencyRecord:
+    if outcome == SUCCEEDED:
+        assert resolution is not None
+        return transition(
+            record,
+            Status.SUCCEEDED,
+            resource_id=resolution.resource_id,
+            response=resolution.response,
+            recovery_attempt=True,
+        )
+    if outcome == RELEASED:
+        return transition(record, Status.FAILED_RETRYABLE, recovery_attempt=True)
+    if outcome == NEEDS_REVIEW:
+        return transition(record, Status.NEEDS_REVIEW, recovery_attempt=True)
+    if record.status == Status.PROCESSING:
+        # Unknown: look again after a pause rather than at every request or pass.
+        return postpone(record, idempotency_settings.RESOLVE_RETRY_SECONDS)
+    return record
+
+
+def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
+    resolver = resolver_for(record.operation)
+    if dry_run:
+        return decide(record, ask(resolver, record) if resolver is not None else None)
+    try:
+        outcome, _ = settle(record, resolver)
+    except TransitionNotAllowed:
+        # The first attempt finished (or renewed) between our read and our write.
+        return SKIPPED
+    return outcome
+
+
+def _next_batch(database: str, *, after: int, size: int, lock: bool) -> list[IdempotencyRecord]:
+    records = IdempotencyRecord.objects.using(database).expired_leases()
+    if lock:
+        records = records.select_for_update(skip_locked=True)
+    return list(records.filter(pk__gt=after).order_by("pk")[:size])
+
+
+def _eligible(records: IdempotencyRecordQuerySet) -> IdempotencyRecordQuerySet:
+    return records.expired_leases() | records.filter(status=Status.NEEDS_REVIEW)
+
+
+def _database() -> str:
+    return (
+        idempotency_settings.DATABASE or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    )

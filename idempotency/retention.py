@@ -1,0 +1,126 @@
+"""Retention: delete finished records once their window has passed, in bounded batches.
+
+``expires_at`` is set when a record reaches a final state (``core.retention_for``:
+``RETENTION`` per status, ``OPERATION_RETENTION`` per operation). Purge deletes
+rows whose ``expires_at`` has passed, reading them through the partial index
+on ``expires_at``, so its cost grows with the rows it deletes, not with the
+table. ``PROCESSING`` and ``NEEDS_REVIEW`` records are never purged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db.models.functions import Now
+
+from idempotency import signals
+from idempotency.conf import idempotency_settings
+from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
+
+Progress = Callable[[int, int], None]
+
+
+def purge(
+    batch_size: int | None = None,
+    older_than: timedelta | None = None,
+    statuses: Iterable[str] | None = None,
+    scope: str | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> int:
+    """Delete expired records; returns how many (with ``dry_run``, how many would go).
+
+    - ``older_than``: instead of each record's retention window, take the
+      finished records created more than this long ago.
+    - ``statuses``: only these (``SUCCEEDED``, ``FAILED_FINAL``, ``FAILED_RETRYABLE``).
+    - ``scope``: only this scope; a trailing ``*`` matches a prefix (``user:42:*``).
+    - ``progress(done, total)`` is called after each batch.
+
+    Each batch of ``batch_size`` (``PURGE_BATCH_SIZE``) rows is its own short
+    transaction; rows locked by a running request are skipped.
+    """
+    size = batch_size or idempotency_settings.PURGE_BATCH_SIZE
+    if size < 1:
+        raise ValueError("batch_size should be a positive integer.")
+    database = _database()
+    candidates = purgeable(database, older_than=older_than, statuses=statuses, scope=scope)
+    total = candidates.count() if dry_run or progress else 0
+    deleted = total if dry_run else _delete_in_batches(database, candidates, size, total, progress)
+    signals.records_purged.send(IdempotencyRecord, count=deleted, dry_run=dry_run)
+    return deleted
+
+
+def purgeable(
+    database: str | None = None,
+    *,
+    older_than: timedelta | None = None,
+    statuses: Iterable[str] | None = None,
+    scope: str | None = None,
+) -> IdempotencyRecordQuerySet:
+    """The records purge would take, oldest first, in an order an index serves."""
+    chosen = _statuses(statuses)
+    records = IdempotencyRecord.objects.using(database or _database())
+    if older_than is None:
+        # The partial index idempotency_expires_idx (expires_at IS NOT NULL) serves this.
+        records = records.filter(
+            expires_at__isnull=False, expires_at__lt=Now(), status__in=chosen
+        ).order_by("expires_at")
+    else:
+        # The index idempotency_status_idx (status, created_at) serves this.
+        records = records.filter(status__in=chosen, created_at__lt=Now() - older_than).order_by(
+            "created_at"
+        )
+    if scope:
+        records = (
+            records.filter(scope__startswith=scope[:-1])
+            if scope.endswith("*")
+            else records.filter(scope=scope)
+        )
+    return records
+
+
+def batch(records: IdempotencyRecordQuerySet, size: int) -> IdempotencyRecordQuerySet:
+    """One batch to delete: locked, skipping rows a request holds (must run in a transaction)."""
+    return records.select_for_update(skip_locked=True)[:size]
+
+
+def _delete_in_batches(
+    database: str,
+    candidates: IdempotencyRecordQuerySet,
+    size: int,
+    total: int,
+    progress: Progress | None,
+) -> int:
+    deleted = 0
+    while True:
+        with transaction.atomic(using=database):
+            pks = list(batch(candidates, size).values_list("pk", flat=True))
+            if pks:
+                IdempotencyRecord.objects.using(database).filter(pk__in=pks).delete()
+        deleted += len(pks)
+        if progress is not None and pks:
+            progress(deleted, max(total, deleted))
+        if len(pks) < size:
+            return deleted
+
+
+def _statuses(statuses: Iterable[str] | None) -> list[str]:
+    if statuses is None:
+        return [str(status) for status in PURGEABLE]
+    chosen = [str(status).upper() for status in statuses]
+    refused = sorted(set(chosen) - {str(status) for status in PURGEABLE})
+    if refused:
+        allowed = ", ".join(str(status) for status in PURGEABLE)
+        raise ValueError(
+            f"Cannot purge {', '.join(refused)} records: only {allowed} records are purged "
+            "(PROCESSING and NEEDS_REVIEW records are never purged)."
+        )
+    return chosen
+
+
+def _database() -> str:
+    return (
+        idempotency_settings.DATABASE or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    )
