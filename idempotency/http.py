@@ -230,7 +230,9 @@ def decide_outcome(
 def snapshot(request: AnyRequest, response: HttpResponseBase) -> StoredResponse:
     """What a repeat will get: status, safe headers and the rendered body, bounded."""
     _render(request, response)
-    allowed = idempotency_settings.REPLAY_HEADERS
+    # The body's media type belongs to the body: kept whatever REPLAY_HEADERS lists,
+    # or a JSON body would be replayed as Django's default text/html.
+    allowed = idempotency_settings.REPLAY_HEADERS | {"content-type"}
     headers = [(name, value) for name, value in response.items() if name.lower() in allowed]
     body = getattr(response, "content", None) if not response.streaming else None
     if body is None or len(body) > idempotency_settings.MAX_RESPONSE_BYTES:
