@@ -16,4 +16,5 @@ urlpatterns = [
     path("webhook/", views.webhook),
     path("plain/", csrf_exempt(views.plain_view)),
     path("big/", views.big),
+    path("flaky/", views.flaky),
 ]

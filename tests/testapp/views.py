@@ -82,3 +82,11 @@ def plain_view(request: HttpRequest) -> HttpResponse:
 def big(request: Request) -> Response:
     Order.objects.create(owner=request.user, sku="big", quantity=1)
     return Response({"blob": "x" * int(request.data.get("size", 10))}, status=201)
+
+
+@api_view(["POST"])
+@idempotent()
+def flaky(request: Request) -> Response:
+    """Answers the status named by ``X-Test-Status`` (a header: not in the fingerprint)."""
+    order = Order.objects.create(owner=request.user, sku="flaky", quantity=1)
+    return Response({"id": order.pk}, status=int(request.headers.get("X-Test-Status", 201)))
