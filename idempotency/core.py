@@ -132,16 +132,17 @@ def _execute_atomic(
     try:
         with transaction.atomic(using=operation.database):
             attempt, existing = _claim(operation)
-            if attempt is None:
-                return _replay(operation, existing, replay)
-            value = work(attempt)
-            outcome = decide(value, attempt)
-            if outcome is None:
-                raise _Discarded(value)
-            _finish(attempt, outcome)
-            return value
+            if attempt is not None:
+                value = work(attempt)
+                outcome = decide(value, attempt)
+                if outcome is None:
+                    raise _Discarded(value)
+                _finish(attempt, outcome)
+                return value
     except _Discarded as discarded:
         return discarded.value  # type: ignore[return-value]
+    # After the commit: what recovery wrote while claiming must stay even if this is a 409.
+    return _replay(operation, existing, replay)
 
 
 def _execute_leased(
@@ -176,6 +177,8 @@ def _replay(
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
     assert record is not None
+    if record.status not in REPLAYABLE:
+        raise _in_use(operation, record)  # a lost lease whose outcome is still unknown
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
@@ -185,8 +188,10 @@ def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | No
     """Claim the record inside the caller's transaction.
 
     Returns ``(attempt, None)`` when this call owns the record and must run the
-    work, or ``(None, record)`` when a recorded outcome must be replayed.
-    Raises ``KeyReused`` or ``KeyInUse`` otherwise.
+    work, or ``(None, record)`` when a recorded outcome must be replayed (or,
+    after a lost lease the resolver could not settle, answered "in use" once the
+    transaction has committed what recovery wrote). Raises ``KeyReused`` or
+    ``KeyInUse`` otherwise.
     """
     token = secrets.token_hex(16)
     with _bounded_lock_wait(operation):
@@ -224,7 +229,7 @@ def _after_lost_lease(
     if settled.status == Status.FAILED_RETRYABLE:
         _reclaim(operation, settled, token)
         return _claimed(operation, settled, token, reclaimed=True), None
-    raise _in_use(operation, _locked(operation).get(pk=settled.pk))
+    return None, _locked(operation).get(pk=settled.pk)
 
 
 def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
