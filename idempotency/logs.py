@@ -10,7 +10,10 @@ project would rather not ship to its log store.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
+
+from django.dispatch import Signal
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
@@ -91,7 +94,7 @@ def on_purged(sender: Any, **kwargs: Any) -> None:
     logger.info("idempotency purged count=%s dry_run=%s", count, dry_run, extra=extra)
 
 
-RECEIVERS = [
+RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.record_claimed, on_claimed),
     (signals.response_replayed, on_replayed),
     (signals.key_in_use, on_key_in_use),
