@@ -23,9 +23,10 @@ def idempotent(
     operation: str | None = None,
     header: str | None = None,
     required: bool | None = None,
-    key: Callable[[AnyRequest], str | None] | str | None = None,
-    scope: Callable[[AnyRequest, str], str] | str | None = None,
-    fingerprint: Callable[[AnyRequest], str | bytes] | str | None = None,
+    # ``...``: a DRF view's callables take a ``Request``, a plain view's an ``HttpRequest``.
+    key: Callable[..., str | None] | str | None = None,
+    scope: Callable[..., str] | str | None = None,
+    fingerprint: Callable[..., str | bytes] | str | None = None,
     fields: Collection[str] | None = None,
     exclude: Collection[str] = (),
     mode: Mode | None = None,

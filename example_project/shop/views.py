@@ -26,7 +26,7 @@ class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet):
     serializer_class = OrderSerializer
 
     def get_queryset(self) -> QuerySet[Order]:
-        return Order.objects.filter(owner=self.request.user)
+        return Order.objects.filter(owner_id=self.request.user.pk)
 
     def perform_create(self, serializer: BaseSerializer[Order]) -> None:
         serializer.save(owner=self.request.user)
