@@ -1,0 +1,1 @@
+"""Optional integrations, each importable only when its dependency is installed."""

@@ -1,0 +1,220 @@
+"""Each signal fires once with the arguments docs/observability.md documents; the logger logs it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.dispatch import Signal
+
+from idempotency import signals
+from idempotency.core import Operation, Outcome, StoredResponse, execute
+from idempotency.exceptions import KeyInUse, KeyReused
+from idempotency.fingerprint import fingerprint
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.recovery import resolve_record
+from idempotency.resolvers import Resolution
+from idempotency.retention import purge
+from tests.factories import IdempotencyRecordFactory
+
+pytestmark = pytest.mark.django_db
+
+KEY = "secret-key-4711"
+HASH = fingerprint(["signals", "request"])
+
+
+def resolved_done(record: IdempotencyRecord) -> Resolution:
+    return Resolution.done("order-42")
+
+
+class Captured(list):  # type: ignore[type-arg]
+    def receive(self, sender: Any, signal: Signal, **kwargs: Any) -> None:
+        self.append({"sender": sender, **kwargs})
+
+
+@pytest.fixture
+def capture() -> Iterator[Any]:
+    connected: list[tuple[Signal, Captured]] = []
+
+    def start(signal: Signal) -> Captured:
+        captured = Captured()
+        signal.connect(captured.receive, weak=False)
+        connected.append((signal, captured))
+        return captured
+
+    yield start
+    for signal, captured in connected:
+        signal.disconnect(captured.receive)
+
+
+def operation(mode: str = "atomic", request_hash: str = HASH) -> Operation:
+    return Operation(
+        scope="user:1:orders.create",
+        key=KEY,
+        request_hash=request_hash,
+        name="orders.create",
+        method="POST",
+        path="/orders/",
+        mode=mode,  # type: ignore[arg-type]
+    )
+
+
+def run(op: Operation, status: Status = Status.SUCCEEDED) -> str:
+    return execute(
+        op,
+        lambda attempt: "ran",
+        decide=lambda value, attempt: Outcome(status, StoredResponse(201), resource_id="7"),
+        replay=lambda record: "replayed",
+    )
+
+
+def test_claim(capture):
+    claimed = capture(signals.record_claimed)
+    op = operation()
+    run(op)
+    (event,) = claimed
+    assert event["sender"] is IdempotencyRecord
+    assert event["operation"] == op and event["reclaimed"] is False
+    assert isinstance(event["record"], IdempotencyRecord) and event["record"].idem_key == KEY
+
+
+def test_reclaim_of_a_retryable_record(capture):
+    IdempotencyRecordFactory(
+        failed_retryable=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+    )
+    claimed = capture(signals.record_claimed)
+    run(operation())
+    (event,) = claimed
+    assert event["reclaimed"] is True
+
+
+def test_completion(capture):
+    completed = capture(signals.record_completed)
+    op = operation()
+    run(op)
+    (event,) = completed
+    assert event["operation"] == op and event["status"] == Status.SUCCEEDED
+    assert event["record"].pk == IdempotencyRecord.objects.get().pk
+
+
+def test_completion_of_a_failed_lease_mode_attempt(capture):
+    completed = capture(signals.record_completed)
+
+    def fail(attempt: Any) -> str:
+        raise RuntimeError("worker error")
+
+    with pytest.raises(RuntimeError):
+        execute(operation("lease"), fail, decide=lambda v, a: None, replay=lambda r: "")
+    (event,) = completed
+    assert event["status"] == Status.FAILED_RETRYABLE
+    assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
+
+
+def test_replay(capture):
+    run(operation())
+    replayed = capture(signals.response_replayed)
+    claimed = capture(signals.record_claimed)
+    assert run(operation()) == "replayed"
+    (event,) = replayed
+    assert event["operation"] == operation() and event["record"].status == Status.SUCCEEDED
+    assert not claimed
+
+
+def test_in_flight_conflict(capture):
+    IdempotencyRecordFactory(
+        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+    )
+    in_use = capture(signals.key_in_use)
+    with pytest.raises(KeyInUse):
+        run(operation("lease"))
+    (event,) = in_use
+    assert event["operation"] == operation("lease")
+    assert event["retry_after"] >= 59  # what is left of the 60 s lease
+
+
+def test_key_reuse(capture):
+    run(operation())
+    reused = capture(signals.key_reused)
+    other = operation(request_hash=fingerprint(["another", "request"]))
+    with pytest.raises(KeyReused):
+        run(other)
+    (event,) = reused
+    assert event["operation"] == other and event["record"].request_hash == HASH
+
+
+def test_recovery_outcome(capture, settings):
+    settings.IDEMPOTENCY = {"RESOLVERS": {"tests.operation": "tests.test_signals.resolved_done"}}
+    record = IdempotencyRecordFactory(expired_lease=True)
+    recovered = capture(signals.record_recovered)
+    assert resolve_record(record) == "succeeded"
+    (event,) = recovered
+    assert event["operation"] == "tests.operation" and event["outcome"] == "succeeded"
+    assert event["record"].status == Status.SUCCEEDED and event["record"].resource_id == "order-42"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_purge(capture, dry_run):
+    IdempotencyRecordFactory.create_batch(2, expired=True)
+    IdempotencyRecordFactory(succeeded=True)  # still within its window
+    purged = capture(signals.records_purged)
+    assert purge(dry_run=dry_run) == 2
+    (event,) = purged
+    assert event["count"] == 2 and event["dry_run"] is dry_run
+
+
+# -- the logger
+
+
+def events(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> dict[str, Any]:
+    return {
+        record.event: record
+        for record in caplog.records
+        if record.name == "idempotency" and record.levelno >= level and hasattr(record, "event")
+    }
+
+
+def test_logger_logs_events_with_scope_and_operation_but_not_the_key(caplog):
+    caplog.set_level(logging.INFO, logger="idempotency")
+    run(operation())
+    run(operation())
+    with pytest.raises(KeyReused):
+        run(operation(request_hash=fingerprint(["other"])))
+    logged = events(caplog)
+    assert set(logged) == {
+        "idempotency.claimed",
+        "idempotency.completed",
+        "idempotency.replayed",
+        "idempotency.key_reused",
+    }
+    claimed = logged["idempotency.claimed"]
+    assert claimed.scope == "user:1:orders.create" and claimed.operation == "orders.create"
+    assert logged["idempotency.completed"].status == Status.SUCCEEDED
+    assert logged["idempotency.key_reused"].levelno == logging.WARNING
+    assert KEY not in caplog.text
+
+
+def test_logger_names_the_key_at_debug_only(caplog):
+    caplog.set_level(logging.DEBUG, logger="idempotency")
+    run(operation())
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG and KEY in r.getMessage()]
+    assert {record.event for record in debug} == {"idempotency.claimed", "idempotency.completed"}
+    assert all(record.key == KEY for record in debug)
+
+
+def test_logger_logs_conflicts_recovery_and_purge(caplog, settings):
+    caplog.set_level(logging.INFO, logger="idempotency")
+    IdempotencyRecordFactory(
+        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+    )
+    with pytest.raises(KeyInUse):
+        run(operation("lease"))
+    resolve_record(IdempotencyRecordFactory(expired_lease=True, operation="no.resolver"))
+    purge()
+    logged = events(caplog)
+    assert logged["idempotency.in_use"].retry_after >= 59
+    recovered = logged["idempotency.recovered"]
+    assert recovered.outcome == "needs_review" and recovered.levelno == logging.WARNING
+    assert recovered.operation == "no.resolver"
+    assert logged["idempotency.purged"].count == 0
