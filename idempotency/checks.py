@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, load_callable
-from idempotency.models import PURGEABLE
+from idempotency.models import PURGEABLE, IdempotencyRecord
 
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
 
@@ -104,6 +104,21 @@ def _callable_path(name: str, error_id: str) -> Check:
     return check
 
 
+def _max_key_length(user: dict[str, Any]) -> list[CheckMessage]:
+    # A longer key would pass validation and then fail the insert (a 500 on PostgreSQL).
+    column = IdempotencyRecord._meta.get_field("idem_key").max_length or 255
+    value = user.get("MAX_KEY_LENGTH", DEFAULTS["MAX_KEY_LENGTH"])
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= column:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['MAX_KEY_LENGTH'] should be an integer from 1 to {column}.",
+            hint=f"Keys are stored in a column of {column} characters.",
+            id="idempotency.E004",
+        )
+    ]
+
+
 def _replay_headers(user: dict[str, Any]) -> list[CheckMessage]:
     names = user.get("REPLAY_HEADERS", DEFAULTS["REPLAY_HEADERS"])
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
@@ -188,7 +203,7 @@ def _database(user: dict[str, Any]) -> list[CheckMessage]:
 CHECKS: list[Check] = [
     _unknown_keys,
     _string("HEADER", "idempotency.E003"),
-    _positive_number("MAX_KEY_LENGTH", "idempotency.E004", integer=True),
+    _max_key_length,
     _boolean("REQUIRE_KEY", "idempotency.E005"),
     _choice("MODE", ("atomic", "lease"), "idempotency.E006"),
     _positive_number("LOCK_TIMEOUT", "idempotency.E007"),
