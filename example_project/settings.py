@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "idempotency",
     "example_project.shop",
+    "example_project.reports",
 ]
 
 MIDDLEWARE = [

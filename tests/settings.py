@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "idempotency",
     "tests.testapp.apps.TestAppConfig",
     "example_project.shop",
+    "example_project.reports",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,1 @@
+"""Reports: long work in lease mode, with a resolver for crash recovery."""
