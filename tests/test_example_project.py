@@ -264,6 +264,15 @@ def test_malformed_json_is_400_and_not_recorded(client):
     assert not IdempotencyRecord.objects.exists()
 
 
+def test_the_list_url_without_its_slash_also_creates(client):
+    response = client.post(
+        "/api/orders", {"sku": "A", "quantity": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+
+    assert response.status_code == 201
+    assert Order.objects.count() == 1
+
+
 def test_a_paid_order_cannot_be_deleted_but_a_pending_one_can(client, alice):
     paid = Order.objects.create(owner=alice, sku="A", quantity=1, status=Order.Status.PAID)
     pending = Order.objects.create(owner=alice, sku="B", quantity=1)
@@ -358,10 +367,22 @@ def test_a_badly_signed_retry_does_not_disturb_the_recorded_trade(order):
     assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
 
 
-def test_signature_is_accepted_in_upper_case(order):
+@pytest.mark.parametrize("form", [str.upper, lambda digest: f"sha256={digest}"])
+def test_signature_is_accepted_in_upper_case_and_prefixed(order, form):
     body = json.dumps(_trade(order)).encode()
 
-    assert _callback(body, signature=_sign(body).upper()).status_code == 200
+    assert _callback(body, signature=form(_sign(body))).status_code == 200
+
+
+def test_callback_url_without_its_slash_also_works(order):
+    body = json.dumps(_trade(order)).encode()
+
+    response = APIClient().post(
+        CALLBACK.rstrip("/"), body, content_type="application/json", HTTP_X_SIGNATURE=_sign(body)
+    )
+
+    assert response.status_code == 200
+    assert Payment.objects.count() == 1
 
 
 def test_unknown_order_is_404_and_not_recorded(order):

@@ -40,10 +40,16 @@ class PaymentSignatureAuthentication(BaseAuthentication):
         # The signature covers the exact bytes sent. Read them from the Django
         # request before DRF parses the stream; Django keeps them for the parser.
         body = request._request.body
-        if not hmac.compare_digest(sign(body), signature.strip().lower()):
+        if not hmac.compare_digest(sign(body), _hex_digest(signature)):
             raise AuthenticationFailed("Invalid signature.", code="invalid_signature")
         return PaymentProvider(), signature
 
     def authenticate_header(self, request: Request) -> str:
         # Makes DRF answer 401 (not 403) to unsigned or badly signed callbacks.
         return SIGNATURE_HEADER
+
+
+def _hex_digest(signature: str) -> str:
+    # Accept the bare hex digest and the common ``sha256=<hex>`` form, in any case.
+    value = signature.strip().lower()
+    return value.removeprefix("sha256=")
