@@ -8,7 +8,7 @@ from rest_framework.reverse import reverse
 ENDPOINTS = {
     "order-list": "Orders of the caller. POST needs an Idempotency-Key header.",
     "payment-callback": "Payment provider callback, signed with X-Signature.",
-    "report-list": "Reports of the caller (lease mode). POST {\"seconds\": 0..30} with a key.",
+    "report-list": 'Reports of the caller (lease mode). POST {"seconds": 0..30} with a key.',
     "admin:index": "Django admin.",
 }
 
