@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "idempotency",
     "example_project.shop",
     "example_project.reports",
+    "example_project.ops",
 ]
 
 MIDDLEWARE = [

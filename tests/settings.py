@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "tests.testapp.apps.TestAppConfig",
     "example_project.shop",
     "example_project.reports",
+    "example_project.ops",
 ]
 
 MIDDLEWARE = [
