@@ -340,7 +340,7 @@ def test_same_trade_with_another_amount_is_422(order):
 
 @pytest.mark.parametrize(
     "signature",
-    [None, "", "deadbeef", "sign-other-secret", "sign-other-body"],
+    [None, "", "deadbeef", "caf\u00e9", "sign-other-secret", "sign-other-body"],
 )
 def test_bad_signature_is_401_and_writes_no_record(order, signature):
     body = json.dumps(_trade(order)).encode()

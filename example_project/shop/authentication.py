@@ -40,7 +40,7 @@ class PaymentSignatureAuthentication(BaseAuthentication):
         # The signature covers the exact bytes sent. Read them from the Django
         # request before DRF parses the stream; Django keeps them for the parser.
         body = request._request.body
-        if not hmac.compare_digest(sign(body), _hex_digest(signature)):
+        if not hmac.compare_digest(sign(body).encode(), _hex_digest(signature)):
             raise AuthenticationFailed("Invalid signature.", code="invalid_signature")
         return PaymentProvider(), signature
 
@@ -49,7 +49,8 @@ class PaymentSignatureAuthentication(BaseAuthentication):
         return SIGNATURE_HEADER
 
 
-def _hex_digest(signature: str) -> str:
+def _hex_digest(signature: str) -> bytes:
     # Accept the bare hex digest and the common ``sha256=<hex>`` form, in any case.
-    value = signature.strip().lower()
-    return value.removeprefix("sha256=")
+    # Bytes, because compare_digest raises on non-ASCII text (a forged header may hold any).
+    value = signature.strip().lower().removeprefix("sha256=")
+    return value.encode("utf-8", "replace")
