@@ -416,6 +416,7 @@ def test_malformed_callback_body_is_400_and_not_recorded(body):
         {"trade_no": ""},
         {"provider": "not a slug"},
         {"order_id": "seven"},
+        {"order_id": 10**20},
         {"amount": "-5"},
         {"amount": "lots"},
         {"amount": "0"},

@@ -23,5 +23,5 @@ class TradeSerializer(serializers.Serializer):
 
 
 class PaymentCallbackSerializer(TradeSerializer):
-    order_id = serializers.IntegerField(min_value=1)
+    order_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)  # a bigint id
     amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=Decimal("0.01"))
