@@ -17,4 +17,5 @@ urlpatterns = [
     path("plain/", csrf_exempt(views.plain_view)),
     path("big/", views.big),
     path("flaky/", views.flaky),
+    path("lease/", include("tests.testapp.lease_views")),
 ]

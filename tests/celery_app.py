@@ -1,0 +1,29 @@
+"""The Celery app of tests/test_tasks.py: Redis broker, the idempotency tasks.
+
+The test starts ``celery -A tests.celery_app worker`` with ``DATABASE_URL``
+pointing at the test database and its own queue.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from idempotency.beat import beat_schedule
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+BROKER = os.environ.get("IDEMPOTENCY_TEST_BROKER", "redis://127.0.0.1:6379/9")
+QUEUE = os.environ.get("IDEMPOTENCY_TEST_QUEUE", "idempotency-tests")
+
+app = Celery("tests", broker=BROKER, backend=BROKER, include=["idempotency.tasks"])
+app.conf.update(
+    task_default_queue=QUEUE,
+    result_expires=600,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+if os.environ.get("IDEMPOTENCY_TEST_BEAT_EVERY"):
+    every = float(os.environ["IDEMPOTENCY_TEST_BEAT_EVERY"])
+    app.conf.beat_schedule = beat_schedule(recover_every=every, purge_every=every)

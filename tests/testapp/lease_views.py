@@ -1,0 +1,86 @@
+"""Lease-mode views and resolvers for tests/test_lease.py, test_recovery.py and test_tasks.py.
+
+The business effect is an ``Order`` whose ``sku`` carries the idempotency key,
+so a resolver can tell whether the first attempt made it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.urls import path
+from rest_framework import generics, serializers
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from idempotency import (
+    IdempotencyRecord,
+    IdempotentCreateMixin,
+    Resolution,
+    StoredResponse,
+    idempotent,
+)
+
+from .models import Order
+
+LEASE_OPERATION = "tests.lease_order"
+CLASS_OPERATION = "tests.lease_class_order"
+
+
+def sku_for(key: str) -> str:
+    return f"k:{key}"[:64]
+
+
+def order_resolver(record: IdempotencyRecord) -> Resolution:
+    """Done if the Order for the record's key exists, with the response the view gives."""
+    order = Order.objects.filter(sku=sku_for(record.idem_key)).first()
+    if order is None:
+        return Resolution.not_done()
+    body = json.dumps({"id": order.pk}).encode()
+    return Resolution.done(
+        order.pk, StoredResponse(201, [("Content-Type", "application/json")], body)
+    )
+
+
+def unknown_resolver(record: IdempotencyRecord) -> Resolution:
+    return Resolution.unknown()
+
+
+@api_view(["POST"])
+@idempotent(operation=LEASE_OPERATION, mode="lease", lease_seconds=30, resolver=order_resolver)
+def lease_order(request: Request) -> Response:
+    """Control by headers, which are not part of the fingerprint: X-Sleep, X-Fail."""
+    time.sleep(float(request.headers.get("X-Sleep", 0)))
+    if request.headers.get("X-Fail"):
+        raise RuntimeError("the provider timed out")
+    key = request.idempotency.operation.key  # type: ignore[attr-defined]
+    order = Order.objects.create(owner=request.user, sku=sku_for(key), quantity=1)
+    return Response({"id": order.pk}, status=201)
+
+
+class OrderSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Order
+        fields = ["id", "sku", "quantity"]
+        read_only_fields = ["sku", "quantity"]
+
+
+class LeaseOrderCreateView(IdempotentCreateMixin, generics.CreateAPIView):
+    """The mixin's resolver: a plain function on the class, registered for recovery."""
+
+    serializer_class = OrderSerializer
+    idempotency_operation = CLASS_OPERATION
+    idempotency_mode = "lease"
+    idempotency_resolver = order_resolver
+
+    def perform_create(self, serializer: OrderSerializer) -> None:
+        key = self.request.idempotency.operation.key  # type: ignore[attr-defined]
+        serializer.save(owner=self.request.user, sku=sku_for(key), quantity=1)
+
+
+urlpatterns = [
+    path("orders/", lease_order),
+    path("class-orders/", LeaseOrderCreateView.as_view()),
+]
