@@ -12,7 +12,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 from rest_framework.exceptions import APIException
@@ -81,14 +82,21 @@ def protect(
         if key is None:
             return view()
         operation = build_operation(request, options, key, options.operation or default_operation)
-        return execute(
+        result = execute(
             operation,
             lambda attempt: _run_view(request, attempt, view),
-            decide=lambda response, attempt: decide_outcome(request, response, attempt, options),
+            decide=lambda result, attempt: (
+                None
+                if isinstance(result, _ClientError)
+                else decide_outcome(request, result, attempt, options)
+            ),
             replay=replay_response,
         )
     except IdempotencyError as error:
         return error_response(request, error)
+    if isinstance(result, _ClientError):
+        raise result.exception  # the framework renders it, as without the decorator
+    return result
 
 
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
@@ -203,9 +211,28 @@ def mark_final(response: HttpResponseBase) -> HttpResponseBase:
     return response
 
 
-def _run_view(request: AnyRequest, attempt: Attempt, view: ViewCall) -> HttpResponseBase:
+@dataclass(frozen=True)
+class _ClientError:
+    """A 4xx the view raised (validation, permission, not found): recorded as nothing."""
+
+    exception: Exception
+
+
+_CLIENT_ERRORS = (APIException, Http404, PermissionDenied, BadRequest)
+
+
+def _run_view(
+    request: AnyRequest, attempt: Attempt, view: ViewCall
+) -> HttpResponseBase | _ClientError:
     request.idempotency = attempt  # type: ignore[union-attr]
-    return view()
+    try:
+        return view()
+    except _CLIENT_ERRORS as exc:
+        if isinstance(exc, APIException) and exc.status_code >= 500:
+            raise
+        # Like a returned 4xx, the key stays free for a corrected retry. Left to
+        # propagate, lease mode would keep it FAILED_RETRYABLE, bound to the bad payload.
+        return _ClientError(exc)
 
 
 def decide_outcome(
