@@ -319,7 +319,29 @@ class TestAnonymous:
 
 
 class TestOutcomePolicy:
-    def test_validation_error_is_not_recorded_and_corrected_retry_succeeds(self, client):
+    @pytest.mark.parametrize("mode", ["atomic", "lease"])
+    def test_validation_error_is_not_recorded_and_corrected_retry_succeeds(self, client, mode):
+        with override_settings(IDEMPOTENCY={"MODE": mode}):
+            rejected = post(client, "/orders/", {"sku": "book", "quantity": 0})
+            assert rejected.status_code == 400
+            assert set(rejected.json()) == {"quantity"}  # DRF's own error, untouched
+            assert IdempotencyRecord.objects.count() == 0
+            fixed = post(client, "/orders/", ORDER)
+        assert fixed.status_code == 201
+        assert not is_replay(fixed)
+        assert stored().status == Status.SUCCEEDED
+        assert stored().attempts == 1
+
+    @override_settings(IDEMPOTENCY={"MODE": "lease"})
+    def test_exception_in_lease_mode_leaves_the_key_retryable_for_the_same_request(self, client):
+        client.raise_request_exception = False
+        assert post(client, "/orders/?fail=1", ORDER).status_code == 500
+        assert stored().status == Status.FAILED_RETRYABLE
+        assert post(client, "/orders/", ORDER).status_code == 422  # bound to that request
+        assert post(client, "/orders/?fail=1", ORDER).status_code == 500
+        assert stored().attempts == 2
+
+    def test_validation_error_in_atomic_mode(self, client):
         rejected = post(client, "/orders/", {"sku": "book", "quantity": 0})
         assert rejected.status_code == 400
         assert "quantity" in rejected.json()
