@@ -85,7 +85,7 @@ def _ago(delta: timedelta) -> Any:
 
 
 class StuckFilter(admin.SimpleListFilter):
-    title = _("stuck")
+    title = _("stuck state")
     parameter_name = "stuck"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
@@ -199,7 +199,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     list_per_page = 50
-    # COUNT(*) of a big table on every page load is what an incident does not need.
+    # A second COUNT(*) of the whole table on every filtered page: not during an incident.
     show_full_result_count = False
     actions = ("release_for_retry", "mark_succeeded", "mark_final_failure", "run_resolver")
     change_form_template = "admin/idempotency/idempotencyrecord/change_form.html"
