@@ -7,6 +7,7 @@ rebuild it from a stored record.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import secrets
@@ -54,6 +55,9 @@ class Operation:
     # (see idempotency.resolvers); None looks it up by ``name``.
     resolver: ResolverSpec | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", bounded_scope(self.scope))
+
     @property
     def database(self) -> str:
         return (
@@ -62,6 +66,19 @@ class Operation:
             or router.db_for_write(IdempotencyRecord)
             or DEFAULT_DB_ALIAS
         )
+
+
+def bounded_scope(scope: str) -> str:
+    """``scope`` if it fits its column, else a prefix and the scope's SHA-256.
+
+    Cutting it short instead would let two long scopes share records, and
+    replay one scope's response to the other.
+    """
+    width = IdempotencyRecord._meta.get_field("scope").max_length or 255
+    if len(scope) <= width:
+        return scope
+    digest = hashlib.sha256(scope.encode()).hexdigest()
+    return f"{scope[: width - len(digest) - 1]}#{digest}"
 
 
 @dataclass(frozen=True)

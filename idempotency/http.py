@@ -36,6 +36,7 @@ AnyRequest = HttpRequest | Request
 ViewCall = Callable[[], HttpResponseBase]
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 _ERROR_STATUS = {
     "idempotency_key_missing": 400,
@@ -77,6 +78,8 @@ def protect(
     default_operation: str,
 ) -> HttpResponseBase:
     """Run ``view`` idempotently for ``request``; the one entry point of both adapters."""
+    if _django_request(request).method in SAFE_METHODS:
+        return view()  # a plain view also renders its page or form: no key, no record
     try:
         key = read_key(request, options)
         if key is None:
@@ -125,7 +128,7 @@ def build_operation(
     django_request = _django_request(request)
     scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
     return Operation(
-        scope=str(scope_function(request, name))[:255],
+        scope=str(scope_function(request, name)),
         key=key,
         request_hash=request_hash(request, options),
         name=name,
