@@ -538,6 +538,25 @@ class TestRetention:
 
 
 class TestOperation:
+    def test_long_scopes_stay_distinct(self, business):
+        tenant = "tenant:" + "x" * 300
+        first, second = operation(scope=tenant + ":a"), operation(scope=tenant + ":b")
+        business.run(first)
+        business.run(second)
+        assert business.runs == 2
+        assert len(first.scope) == len(second.scope) == 255
+        assert first.scope != second.scope
+        assert first.scope.startswith("tenant:xxx")
+
+    def test_long_scope_is_stable(self, business):
+        scope = "s" * 400
+        business.run(operation(scope=scope))
+        assert business.run(operation(scope=scope)) == "replayed"
+        assert record(operation(scope=scope)).scope == operation(scope=scope).scope
+
+    def test_scope_that_fits_is_kept(self):
+        assert operation(scope="s" * 255).scope == "s" * 255
+
     def test_database_defaults_to_the_router(self):
         assert operation().database == "default"
 

@@ -646,6 +646,21 @@ class TestKeyFromBody:
         assert is_replay(response)
 
 
+class TestSafeMethods:
+    @pytest.mark.parametrize("method", ["get", "head", "options"])
+    def test_plain_view_serves_safe_methods_without_key_or_record(self, client, user, method):
+        client.force_login(user)
+        response = getattr(client, method)("/plain/")
+        assert response.status_code == 201  # the view ran, unprotected
+        assert IdempotencyRecord.objects.count() == 0
+
+    def test_list_of_a_protected_viewset_needs_no_key(self, client):
+        post(client, "/orders/", ORDER)
+        response = client.get("/orders/")
+        assert response.status_code == 200
+        assert len(response.json()) == 1
+
+
 class TestOptionalKey:
     def test_without_key_runs_unprotected(self, client):
         first = post(client, "/optional-orders/", ORDER, key=None)
