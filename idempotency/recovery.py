@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db.models import Q
 
 from idempotency import signals
 from idempotency.conf import idempotency_settings
@@ -83,15 +84,15 @@ def recover_expired(batch_size: int | None = None, dry_run: bool = False) -> Rec
         raise ValueError("batch_size should be a positive integer.")
     database = _database()
     report = RecoveryReport(dry_run=dry_run)
-    last_pk = 0
+    after: IdempotencyRecord | None = None
     while True:
         with transaction.atomic(using=database):
-            batch = _next_batch(database, after=last_pk, size=size, lock=not dry_run)
+            batch = expired_batch(database, after=after, size=size, lock=not dry_run)
             for record in batch:
                 report.add(_recover_one(record, dry_run=dry_run))
         if len(batch) < size:
             return report
-        last_pk = batch[-1].pk
+        after = batch[-1]
 
 
 def settle(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, IdempotencyRecord]:
@@ -160,11 +161,22 @@ def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
     return outcome
 
 
-def _next_batch(database: str, *, after: int, size: int, lock: bool) -> list[IdempotencyRecord]:
+def expired_batch(
+    database: str, *, after: IdempotencyRecord | None, size: int, lock: bool
+) -> list[IdempotencyRecord]:
+    """The next expired leases after ``after``, oldest first; skips rows another worker holds.
+
+    Read through the partial index ``idempotency_lease_idx`` (PROCESSING rows only).
+    """
     records = IdempotencyRecord.objects.using(database).expired_leases()
+    if after is not None:
+        # A cursor, so that rows this pass left as they were are not read again.
+        records = records.filter(
+            Q(lease_until__gt=after.lease_until) | Q(lease_until=after.lease_until, pk__gt=after.pk)
+        )
     if lock:
         records = records.select_for_update(skip_locked=True)
-    return list(records.filter(pk__gt=after).order_by("pk")[:size])
+    return list(records.order_by("lease_until", "pk")[:size])
 
 
 def _eligible(records: IdempotencyRecordQuerySet) -> IdempotencyRecordQuerySet:
