@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/system-deps.sh
 bash scripts/services.sh postgres redis
 PY=.venv/bin/python
 
