@@ -15,8 +15,11 @@ echo "== mypy"
 "$PY" -m mypy
 echo "== docs"
 "$PY" -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-echo "== tests on SQLite"
+echo "== tests on SQLite, Django $("$PY" -m django --version)"
 env -u DATABASE_URL "$PY" -m pytest -m "not postgres" "$@"
+echo "== tests on SQLite, Django 4.2 LTS"
+VENV=.venv-django42 DJANGO_SPEC="django>=4.2,<5.0" bash scripts/bootstrap.sh
+env -u DATABASE_URL .venv-django42/bin/python -m pytest -m "not postgres" -q "$@"
 echo "== tests on PostgreSQL"
 DATABASE_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency} \
   REQUIRE_POSTGRES=1 "$PY" -m pytest "$@"
