@@ -18,6 +18,7 @@ from idempotency.core import Attempt, Mode, Operation, Outcome, StoredResponse, 
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import validate_key
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
 ArgsTo = Callable[..., str]
@@ -33,6 +34,7 @@ def idempotent_function(
     mode: Mode | None = None,
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
+    resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function once per (scope, key); repeats return the first result.
 
@@ -41,10 +43,16 @@ def idempotent_function(
     arguments raises ``KeyReused``; a repeat during the first run raises
     ``KeyInUse``. The result must be JSON-serialisable; repeats get it decoded
     from JSON (tuples come back as lists). An exception records nothing.
+
+    In lease mode, ``resolver`` says what happened to a run whose lease was lost
+    (``idempotency.resolvers``); a "done" answer's response body is the JSON result
+    repeats get.
     """
 
     def decorator(func: F) -> F:
         name = operation or f"{func.__module__}.{func.__qualname__}"
+        if resolver is not None:
+            register(name, resolver)  # recovery finds it in any process that imports func
 
         @wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -58,6 +66,7 @@ def idempotent_function(
                 mode=mode or idempotency_settings.MODE,  # type: ignore[arg-type]
                 lease_seconds=lease_seconds,
                 lock_timeout=lock_timeout,
+                resolver=resolver,
             )
             return execute(
                 call,

@@ -20,6 +20,7 @@ from idempotency import signals
 from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import KeyInUse, LeaseLost
 from idempotency.fingerprint import fingerprint
+from idempotency.functions import idempotent_function
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import Resolution, register, resolver_for
 from tests.factories import UserFactory
@@ -441,3 +442,30 @@ class _received:
 
     def __exit__(self, *exc: object) -> None:
         self.signal.disconnect(self.receiver)
+
+
+class TestFunctionEntryPoint:
+    def test_a_lost_lease_of_a_consumer_is_resolved_not_rerun(self):
+        calls: list[Any] = []
+
+        def resolver(stored: IdempotencyRecord) -> Resolution:
+            return Resolution.done("event-1", StoredResponse(200, [], b'{"charged": 1}'))
+
+        @idempotent_function(
+            scope="consumer:billing",
+            key=lambda event: event["id"],
+            operation="tests.consume",
+            mode="lease",
+            resolver=resolver,
+        )
+        def consume(event: dict[str, Any]) -> dict[str, Any]:
+            calls.append(event)
+            return {"charged": 1, "first": True}
+
+        assert consume({"id": "event-1"}) == {"charged": 1, "first": True}
+        IdempotencyRecord.objects.filter(idem_key="event-1").update(
+            status=Status.PROCESSING, lease_until=Now() - timedelta(seconds=1)
+        )
+        assert consume({"id": "event-1"}) == {"charged": 1}
+        assert len(calls) == 1
+        assert resolver_for("tests.consume") is resolver
