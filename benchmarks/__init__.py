@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of the idempotency app; run ``python benchmarks/run.py``."""

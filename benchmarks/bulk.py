@@ -1,0 +1,190 @@
+"""Purge and recovery over bulk data, in this process (Django set up on the benchmark database).
+
+The rows are made by one ``INSERT ... SELECT generate_series`` each, then the
+table is analysed (as autovacuum would) before anything is timed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.server import Database
+
+TABLE = "idempotency_idempotencyrecord"
+LOST_LEASE_OPERATION = "bench.lost-lease"
+
+_FILL = """
+INSERT INTO idempotency_idempotencyrecord (
+    scope, idem_key, operation, request_hash, request_method, request_path, status,
+    owner_token, lease_until, response_status, response_headers, response_body, resource_id,
+    attempts, recovery_attempts, version, created_at, updated_at, completed_at, expires_at
+)
+SELECT
+    'user:' || (g %% 1000) || ':bench.bulk', md5(%(tag)s || g), 'bench.bulk', md5(g::text),
+    'POST', '/api/orders/', 'SUCCEEDED', md5('owner' || g), NULL, 201,
+    '[["Content-Type", "application/json"]]'::jsonb,
+    convert_to('{"id": ' || g || ', "url": "http://127.0.0.1/api/orders/' || g
+        || '/", "sku": "bench", "quantity": 1, "status": "PENDING", '
+        || '"created_at": "2026-01-01T00:00:00Z", "paid_at": null}', 'UTF8'),
+    g::text, 1, 0, 2, now() - interval '2 days', now() - interval '2 days',
+    now() - interval '2 days', __EXPIRES__
+FROM generate_series(1, %(rows)s) AS g
+"""
+# Expired a day ago, one millisecond apart: all purgeable, in expiry order.
+EXPIRED = "now() - interval '1 day' + g * interval '1 millisecond'"
+LIVE = "now() + interval '1 day'"
+
+_LOSE_LEASES = f"""
+INSERT INTO {TABLE} (
+    scope, idem_key, operation, request_hash, request_method, request_path, status,
+    owner_token, lease_until, response_headers, resource_id, attempts, recovery_attempts,
+    version, created_at, updated_at
+)
+SELECT
+    'user:1:' || %(operation)s, 'lost-' || g, %(operation)s, md5(g::text), 'POST',
+    '/bench/orders/lease/', 'PROCESSING', md5('lost' || g), now() - interval '5 minutes',
+    '[]'::jsonb, '', 1, 0, 1, now() - interval '10 minutes', now() - interval '10 minutes'
+FROM generate_series(1, %(rows)s) AS g
+"""
+RAW_BATCH_DELETE = f"""
+DELETE FROM {TABLE} WHERE id IN (
+    SELECT id FROM {TABLE} WHERE expires_at < now() LIMIT %s
+)
+"""
+
+
+def setup_django(database: Database, alternatives: Path | None) -> None:
+    root = str(Path(__file__).resolve().parent.parent)
+    for path in [root, str(alternatives) if alternatives else None]:
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["DATABASE_URL"] = database.url
+    import django
+
+    django.setup()
+
+
+def execute(sql: str, params: Any = None) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+def fill(rows: int, expires: str, tag: str) -> None:
+    execute(_FILL.replace("__EXPIRES__", expires), {"rows": rows, "tag": tag})
+    execute(f"ANALYZE {TABLE}")
+
+
+def clear_bulk() -> None:
+    execute(f"DELETE FROM {TABLE} WHERE operation IN ('bench.bulk', %s)", [LOST_LEASE_OPERATION])
+
+
+def timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+def explain(sql: str, params: Any = None) -> str:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` inside a transaction that is rolled back."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    return plan
+
+
+@dataclass
+class PurgeResult:
+    purge_seconds: list[float] = field(default_factory=list)
+    raw_seconds: list[float] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+    purge_plan: str = ""
+    raw_plan: str = ""
+
+
+def raw_batched_delete(batch_size: int) -> int:
+    """What a DBA would write: delete expired rows by primary key, a batch per statement."""
+    deleted = 0
+    while True:
+        count = execute(RAW_BATCH_DELETE, [batch_size])
+        deleted += count
+        if count < batch_size:
+            return deleted
+
+
+def purge_vs_raw(rows: int, rounds: int, batch_size: int) -> PurgeResult:
+    """``idempotency.retention.purge`` against a raw batched ``DELETE`` of the same rows."""
+    from django.db import transaction
+
+    from idempotency.retention import batch, purge, purgeable
+
+    result = PurgeResult()
+    sides = ["purge", "raw"]
+    for round_ in range(rounds):
+        for side in sides[round_ % 2 :] + sides[: round_ % 2]:
+            fill(rows, EXPIRED, tag=f"purge-{round_}-{side}")
+            if side == "purge":
+                if not result.purge_plan:
+                    with transaction.atomic():  # FOR UPDATE compiles only in a transaction
+                        query, params = batch(purgeable(), batch_size).query.sql_with_params()
+                    result.purge_plan = f"{query}\n\n{explain(query, params)}"
+                seconds, deleted = timed(lambda: purge(batch_size=batch_size))
+                result.purge_seconds.append(seconds)
+            else:
+                if not result.raw_plan:
+                    result.raw_plan = f"{RAW_BATCH_DELETE.strip()}\n\n" + explain(
+                        RAW_BATCH_DELETE, [batch_size]
+                    )
+                seconds, deleted = timed(lambda: raw_batched_delete(batch_size))
+                result.raw_seconds.append(seconds)
+            result.deleted.append(deleted)
+            clear_bulk()
+    return result
+
+
+@dataclass
+class RecoveryResult:
+    finished_rows: int
+    expired_leases: int
+    seconds: float = 0.0
+    report: dict[str, Any] = field(default_factory=dict)
+    idle_seconds: float = 0.0  # a pass with no expired lease among the same rows
+    plans: list[str] = field(default_factory=list)
+
+
+def recovery_scan(rows: int, leases: int) -> RecoveryResult:
+    """One ``recover_expired`` pass over ``rows`` finished records and ``leases`` lost ones."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from idempotency.recovery import recover_expired
+
+    result = RecoveryResult(finished_rows=rows, expired_leases=leases)
+    fill(rows, LIVE, tag="recovery")
+    execute(_LOSE_LEASES, {"rows": leases, "operation": LOST_LEASE_OPERATION})
+    execute(f"ANALYZE {TABLE}")
+    # The queries of a pass, captured in a transaction rolled back, then explained.
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        recover_expired()
+        transaction.set_rollback(True)
+    scans = [query["sql"] for query in captured if query["sql"].lstrip().startswith("SELECT")]
+    for sql in dict.fromkeys(scans[:2]):
+        result.plans.append(f"{sql}\n\n{explain(sql)}")
+    result.seconds, report = timed(recover_expired)
+    result.report = report.as_dict()
+    result.idle_seconds, _ = timed(recover_expired)
+    clear_bulk()
+    return result

@@ -1,0 +1,159 @@
+"""The HTTP scenarios: each variant driven in alternating rounds against one server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from benchmarks.loadgen import Call, Reply, Sample, burst, drive
+from benchmarks.server import PASSWORD, USER, Database
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    path: str
+    keyed: bool = True
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+
+
+PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
+OURS = Variant("idempotency (atomic)", "/api/orders/")
+LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
+ALTERNATIVES = {
+    "drf-idempotencykey": Variant("drf-idempotencykey", "/bench/orders/drf-idempotencykey/"),
+    "drf-idempotency": Variant("drf-idempotency", "/bench/orders/drf-idempotency/"),
+    "django-idempotency-key": Variant(
+        "django-idempotency-key", "/bench/orders/django-idempotency-key/"
+    ),
+}
+
+_AUTHORIZATION = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+
+def order_call(variant: Variant, key: str | None, sku: str = "bench") -> Call:
+    headers = [
+        ("Authorization", _AUTHORIZATION),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json"),
+    ]
+    if key is not None:
+        headers.append(("Idempotency-Key", key))
+    body = json.dumps({"sku": sku, "quantity": 1}).encode()
+    return Call(path=variant.path, body=body, headers=tuple(headers))
+
+
+def fresh_calls(variant: Variant, count: int) -> tuple[list[Call], list[str]]:
+    keys = [str(uuid.uuid4()) for _ in range(count)] if variant.keyed else []
+    calls = [order_call(variant, keys[i] if keys else None) for i in range(count)]
+    return calls, keys
+
+
+def rotated(items: Sequence[Variant], by: int) -> list[Variant]:
+    """Round ``r`` starts with a different variant, so no one always runs first (or last)."""
+    shift = by % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def warm_up(target: Target, variants: Sequence[Variant], concurrency: int) -> None:
+    """Let every worker open its database connection and import its code, unmeasured."""
+    for variant in variants:
+        calls, _ = fresh_calls(variant, concurrency * 4)
+        drive(target.host, target.port, calls, concurrency)
+
+
+def first_requests(
+    target: Target, variants: Sequence[Variant], rounds: int, count: int, concurrency: int
+) -> tuple[dict[str, list[Sample]], dict[str, list[str]]]:
+    """Creates with a new key each (none for the unprotected twin); returns the keys used."""
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    keys: dict[str, list[str]] = defaultdict(list)
+    for round_ in range(rounds):
+        for variant in rotated(variants, round_):
+            calls, used = fresh_calls(variant, count)
+            samples[variant.name].append(drive(target.host, target.port, calls, concurrency))
+            keys[variant.name].extend(used)
+    return samples, keys
+
+
+def replays(
+    target: Target,
+    variants: Sequence[Variant],
+    recorded: dict[str, list[str]],
+    rounds: int,
+    count: int,
+    concurrency: int,
+) -> dict[str, list[Sample]]:
+    """Repeats of recorded keys (same body), alternating with fresh creates on our endpoint."""
+    fresh = Variant(f"{OURS.name}, fresh keys", OURS.path)
+    replayed = [Variant(f"{variant.name}, replays", variant.path) for variant in variants]
+    sources = dict(zip([v.name for v in replayed], variants, strict=True))
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    rng = random.Random(6)
+    for round_ in range(rounds):
+        for variant in rotated([fresh, *replayed], round_):
+            if variant is fresh:
+                calls, _ = fresh_calls(variant, count)
+            else:
+                source = sources[variant.name]
+                keys = rng.choices(recorded[source.name], k=count)
+                calls = [order_call(source, key) for key in keys]
+            samples[variant.name].append(drive(target.host, target.port, calls, concurrency))
+    return samples
+
+
+@dataclass
+class HotKey:
+    """Bursts of simultaneous requests: duplicates of one key, or distinct keys."""
+
+    latencies: list[float] = field(default_factory=list)  # every reply, milliseconds
+    executed: list[float] = field(default_factory=list)  # replies not marked as replays
+    statuses: Counter[int] = field(default_factory=Counter)
+    failures: int = 0
+    effects: list[int] = field(default_factory=list)  # orders created, per burst
+
+    def add(self, replies: Sequence[Reply | None]) -> None:
+        for reply in replies:
+            if reply is None:
+                self.failures += 1
+                continue
+            self.latencies.append(reply.seconds * 1000)
+            self.statuses[reply.status] += 1
+            if 200 <= reply.status < 300 and not reply.replayed:
+                self.executed.append(reply.seconds * 1000)
+
+
+def hot_keys(
+    target: Target,
+    database: Database,
+    variants: Sequence[Variant],
+    trials: int,
+    size: int,
+) -> dict[str, HotKey]:
+    """``size`` simultaneous duplicates per variant and trial, and a burst of distinct keys."""
+    distinct = Variant(f"{OURS.name}, {size} distinct keys", OURS.path)
+    results: dict[str, HotKey] = defaultdict(HotKey)
+    for trial in range(trials):
+        for variant in rotated([distinct, *variants], trial):
+            sku = f"hot-{trial}-{uuid.uuid4().hex[:12]}"
+            if variant is distinct:
+                calls = [order_call(variant, str(uuid.uuid4()), sku) for _ in range(size)]
+            else:
+                key = str(uuid.uuid4())
+                calls = [order_call(variant, key, sku) for _ in range(size)]
+            result = results[variant.name]
+            result.add(burst(target.host, target.port, calls))
+            result.effects.append(
+                int(database.scalar("SELECT count(*) FROM shop_order WHERE sku = %s", sku))
+            )
+    return results

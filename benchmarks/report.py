@@ -1,0 +1,254 @@
+"""The results as one markdown document: tables, ratios against the targets, query plans."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from benchmarks.bulk import PurgeResult, RecoveryResult
+from benchmarks.http_scenarios import OURS, PLAIN, HotKey
+from benchmarks.loadgen import Sample
+from benchmarks.stats import Summary, percentile, summarize
+
+
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    value: float
+    target: str = ""  # ">= 0.9", "<= 2", "> 1" or "" (reported, no target)
+
+    @property
+    def verdict(self) -> str:
+        if not self.target or math.isnan(self.value):
+            return "-"
+        operator, bound = self.target.split()
+        limit = float(bound)
+        met = {
+            ">=": self.value >= limit,
+            "<=": self.value <= limit,
+            ">": self.value > limit,
+        }[operator]
+        return "met" if met else "missed"
+
+
+@dataclass
+class Results:
+    setup: list[str]
+    first: dict[str, list[Sample]] = field(default_factory=dict)
+    replays: dict[str, list[Sample]] = field(default_factory=dict)
+    hot: dict[str, HotKey] = field(default_factory=dict)
+    purge: PurgeResult | None = None
+    recovery: RecoveryResult | None = None
+    alternatives: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+
+
+def render(results: Results) -> str:
+    first = {name: summarize(samples) for name, samples in results.first.items()}
+    replays = {name: summarize(samples) for name, samples in results.replays.items()}
+    parts = [
+        "# Benchmark results",
+        "",
+        *(f"- {line}" for line in results.setup),
+        "",
+        "## Ratios",
+        "",
+        _ratio_table(_ratios(results, first, replays)),
+        "",
+        "## First requests (a new key each; the unprotected twin sends none)",
+        "",
+        _http_table(first),
+        "",
+        "## Replays of recorded keys, alternating with fresh creates",
+        "",
+        _http_table(replays),
+        "",
+    ]
+    if results.hot:
+        parts += ["## Hot key: simultaneous duplicates of one key", "", _hot_table(results.hot), ""]
+    if results.purge is not None or results.recovery is not None:
+        parts += ["## Purge and recovery", "", _bulk_table(results), ""]
+    if results.unsupported:
+        parts += ["## Not supported", "", *(f"- {line}" for line in results.unsupported), ""]
+    parts += _plans(results)
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _ratios(
+    results: Results, first: dict[str, Summary], replays: dict[str, Summary]
+) -> list[Ratio]:
+    ratios = []
+    ours, plain = first.get(OURS.name), first.get(PLAIN.name)
+    if ours and plain:
+        ratios.append(
+            Ratio(
+                "first requests, throughput: idempotency / unprotected", _div(ours, plain), ">= 0.9"
+            )
+        )
+    lease = first.get("idempotency (lease)")
+    if ours and lease:
+        ratios.append(Ratio("first requests, throughput: lease / atomic mode", _div(lease, ours)))
+    fresh, replayed = replays.get(f"{OURS.name}, fresh keys"), replays.get(f"{OURS.name}, replays")
+    if fresh and replayed:
+        ratios.append(Ratio("replays / fresh creates, throughput", _div(replayed, fresh), ">= 2"))
+    ratios += _hot_ratios(results.hot)
+    if results.purge and results.purge.purge_seconds and results.purge.raw_seconds:
+        ratios.append(
+            Ratio(
+                "purge / raw batched DELETE, rows per second",
+                statistics.median(results.purge.raw_seconds)
+                / statistics.median(results.purge.purge_seconds),
+                ">= 0.5",
+            )
+        )
+    for alternative in results.alternatives:
+        if ours and alternative in first:
+            ratios.append(
+                Ratio(
+                    f"first requests, throughput: idempotency / {alternative}",
+                    _div(ours, first[alternative]),
+                    "> 1",
+                )
+            )
+        name = f"{alternative}, replays"
+        if replayed and name in replays:
+            ratios.append(
+                Ratio(
+                    f"replays, throughput: idempotency / {alternative}",
+                    _div(replayed, replays[name]),
+                    "> 1",
+                )
+            )
+    return ratios
+
+
+def _hot_ratios(hot: dict[str, HotKey]) -> list[Ratio]:
+    distinct = next((result for name, result in hot.items() if "distinct" in name), None)
+    ours = hot.get(OURS.name)
+    if distinct is None or ours is None:
+        return []
+    ratios = [
+        Ratio(
+            "hot key, p50 latency: duplicates / a burst of distinct creates",
+            percentile(ours.latencies, 50) / percentile(distinct.latencies, 50),
+            "<= 2",
+        ),
+        Ratio(
+            "hot key, p95 latency: duplicates / a burst of distinct creates",
+            percentile(ours.latencies, 95) / percentile(distinct.latencies, 95),
+            "<= 2",
+        ),
+    ]
+    return ratios
+
+
+def _div(a: Summary, b: Summary) -> float:
+    return a.throughput / b.throughput if b.throughput else math.nan
+
+
+def _ratio_table(ratios: Sequence[Ratio]) -> str:
+    rows = ["| comparison | ratio | target | |", "|---|---:|---|---|"]
+    rows += [
+        f"| {ratio.name} | {ratio.value:.2f} | {ratio.target or '-'} | {ratio.verdict} |"
+        for ratio in ratios
+    ]
+    return "\n".join(rows)
+
+
+def _http_table(summaries: dict[str, Summary]) -> str:
+    rows = [
+        "| variant | requests | 2xx/s (median of rounds) | p50 ms | p95 ms | p99 ms "
+        "| replayed | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, summary in summaries.items():
+        rows.append(
+            f"| {name} | {summary.requests} | {summary.throughput:.0f} | {summary.p50:.1f} "
+            f"| {summary.p95:.1f} | {summary.p99:.1f} | {summary.replayed} "
+            f"| {_errors(summary.statuses, summary.failures)} |"
+        )
+    return "\n".join(rows)
+
+
+def _hot_table(hot: dict[str, HotKey]) -> str:
+    rows = [
+        "| variant | replies | p50 ms | p95 ms | max ms | executed (not replays) "
+        "| statuses | orders created per burst |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+    ]
+    for name, result in hot.items():
+        executed = (
+            f"{len(result.executed)}, p50 {percentile(result.executed, 50):.1f} ms"
+            if result.executed
+            else "0"
+        )
+        statuses = ", ".join(
+            f"{count}x {status}" for status, count in sorted(result.statuses.items())
+        )
+        if result.failures:
+            statuses += f", {result.failures}x connection error"
+        rows.append(
+            f"| {name} | {len(result.latencies)} | {percentile(result.latencies, 50):.1f} "
+            f"| {percentile(result.latencies, 95):.1f} | {max(result.latencies, default=0):.1f} "
+            f"| {executed} | {statuses} | {', '.join(map(str, result.effects))} |"
+        )
+    return "\n".join(rows)
+
+
+def _bulk_table(results: Results) -> str:
+    rows = ["| operation | rows | seconds (median) | rows/s | runs |", "|---|---:|---:|---:|---|"]
+    purge = results.purge
+    if purge is not None:
+        deleted = max(purge.deleted, default=0)
+        for name, seconds in [
+            ("idempotency.retention.purge()", purge.purge_seconds),
+            ("raw batched DELETE", purge.raw_seconds),
+        ]:
+            if seconds:
+                median = statistics.median(seconds)
+                runs = ", ".join(f"{value:.2f}" for value in seconds)
+                rows.append(
+                    f"| {name} | {deleted} | {median:.2f} | {deleted / median:,.0f} | {runs} |"
+                )
+    recovery = results.recovery
+    if recovery is not None:
+        table_rows = recovery.finished_rows + recovery.expired_leases
+        rows.append(
+            f"| recover_expired(), {recovery.expired_leases} expired leases "
+            f"| {table_rows} | {recovery.seconds:.3f} | - | {_report(recovery.report)} |"
+        )
+        rows.append(
+            f"| recover_expired(), nothing expired | {recovery.finished_rows} "
+            f"| {recovery.idle_seconds:.3f} | - | |"
+        )
+    return "\n".join(rows)
+
+
+def _report(report: dict[str, object]) -> str:
+    return ", ".join(
+        f"{key} {value}" for key, value in report.items() if value and key != "dry_run"
+    )
+
+
+def _plans(results: Results) -> list[str]:
+    plans = []
+    if results.purge is not None:
+        plans += [("purge: one batch", results.purge.purge_plan)]
+        plans += [("raw batched DELETE: one batch", results.purge.raw_plan)]
+    if results.recovery is not None:
+        plans += [("recovery scan", plan) for plan in results.recovery.plans]
+    parts = ["## Query plans", ""] if plans else []
+    for title, plan in plans:
+        if plan:
+            parts += [f"### {title}", "", "```", plan, "```", ""]
+    return parts
+
+
+def _errors(statuses: object, failures: int) -> str:
+    assert isinstance(statuses, dict)
+    bad = [f"{count}x {status}" for status, count in sorted(statuses.items()) if status >= 300]
+    if failures:
+        bad.append(f"{failures}x connection error")
+    return ", ".join(bad) or "0"

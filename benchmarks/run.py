@@ -1,0 +1,222 @@
+#!/usr/bin/env python
+"""Measure what idempotency costs, side by side: ``.venv/bin/python benchmarks/run.py``.
+
+Creates a PostgreSQL database, migrates it, serves the example project with
+the benchmark twins (``benchmarks/settings.py``) under gunicorn and drives it
+over HTTP from this process, alternating the variants round by round. Then
+purge and recovery run here on bulk data. Prints one markdown document (the
+tables, the ratios, the query plans) and writes it to ``--output``.
+
+``--quick`` is a smoke run of seconds. The exit status says whether the run
+worked, never whether a target was met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bulk, http_scenarios  # noqa: E402
+from benchmarks.alternatives import ensure_installed  # noqa: E402
+from benchmarks.http_scenarios import ALTERNATIVES, LEASE, OURS, PLAIN, Target  # noqa: E402
+from benchmarks.report import Results, render  # noqa: E402
+from benchmarks.server import Database, environment, gunicorn, prepare  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int  # alternating rounds per HTTP scenario
+    requests: int  # per variant and round
+    concurrency: int  # client connections
+    hot_trials: int  # bursts per variant
+    hot_size: int  # simultaneous duplicates per burst
+    rows: int  # records for purge and for the recovery scan
+    purge_rounds: int  # fills per side
+    expired_leases: int
+    workers: int
+    threads: int
+
+
+FULL = Plan(
+    rounds=6,
+    requests=500,
+    concurrency=8,
+    hot_trials=5,
+    hot_size=50,
+    rows=1_000_000,
+    purge_rounds=2,
+    expired_leases=100,
+    workers=4,
+    threads=2,
+)
+QUICK = replace(FULL, rounds=2, requests=60, hot_trials=1, rows=10_000, purge_rounds=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    plan = _plan(args)
+    database = Database.from_url(
+        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        args.database,
+    )
+    alternatives = None if args.no_alternatives else ensure_installed()
+    database.recreate()
+    try:
+        results = Results(setup=_setup(plan, database, args))
+        results.alternatives = list(ALTERNATIVES) if alternatives else []
+        results.unsupported = _unsupported(results.alternatives, alternatives is None)
+        env = environment(database, alternatives, run_id=uuid.uuid4().hex[:12])
+        prepare(env)
+        _http(results, plan, database, env, args.output.parent / "gunicorn.log")
+        _bulk(results, plan, database, alternatives)
+    finally:
+        if not args.keep_database:
+            database.drop()
+    document = render(results)
+    print(document)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(document)
+    print(f"(written to {args.output})", file=sys.stderr)
+    return 0
+
+
+def _http(results: Results, plan: Plan, database: Database, env: dict[str, str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    alternatives = [ALTERNATIVES[name] for name in results.alternatives]
+    with gunicorn(env, plan.workers, plan.threads, log) as port:
+        target = Target("127.0.0.1", port)
+        _step("warming up")
+        http_scenarios.warm_up(target, [PLAIN, OURS, LEASE, *alternatives], plan.concurrency)
+        _step("first requests")
+        results.first, keys = http_scenarios.first_requests(
+            target,
+            [PLAIN, OURS, LEASE, *alternatives],
+            plan.rounds,
+            plan.requests,
+            plan.concurrency,
+        )
+        _step("replays")
+        results.replays = http_scenarios.replays(
+            target, [OURS, *alternatives], keys, plan.rounds, plan.requests, plan.concurrency
+        )
+        _step("hot key")
+        results.hot = http_scenarios.hot_keys(
+            target, database, [OURS, LEASE, *alternatives], plan.hot_trials, plan.hot_size
+        )
+
+
+def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path | None) -> None:
+    bulk.setup_django(database, alternatives)
+    from idempotency.conf import idempotency_settings
+
+    _step(f"purge of {plan.rows:,} expired records vs a raw batched DELETE")
+    results.purge = bulk.purge_vs_raw(
+        plan.rows, plan.purge_rounds, idempotency_settings.PURGE_BATCH_SIZE
+    )
+    _step(f"recovery scan: {plan.rows:,} finished records, {plan.expired_leases} expired leases")
+    results.recovery = bulk.recovery_scan(plan.rows, plan.expired_leases)
+
+
+def _unsupported(alternatives: list[str], skipped: bool) -> list[str]:
+    if skipped:
+        return ["The alternatives were not installed (--no-alternatives, or pip failed)."]
+    lines = [
+        "Lease mode, the recovery of lost leases and its scan exist in none of the "
+        "alternatives; they are measured for this app alone.",
+    ]
+    if "django-idempotency-key" in alternatives:
+        lines.append(
+            "django-idempotency-key keeps responses in a cache (Redis here), not in the "
+            "database: it has no purge to compare (the cache expires entries itself)."
+        )
+    return lines
+
+
+def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str]:
+    cpu = _cpu_model()
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    version = database.scalar("SHOW server_version")
+    import django
+    import gunicorn as gunicorn_package
+
+    return [
+        f"Machine: {os.cpu_count()} cores ({cpu}), {_memory()}, load average at start {load}; "
+        "shared with other work, so only ratios from one run are compared.",
+        f"PostgreSQL {version} on {database.host}:{database.port}; Python "
+        f"{platform.python_version()}, Django {django.get_version()}, "
+        f"gunicorn {gunicorn_package.__version__}.",
+        f"Server: gunicorn, {plan.workers} gthread workers x {plan.threads} threads, "
+        "persistent database connections, DEBUG off.",
+        f"Client: this process, {plan.concurrency} keep-alive connections, "
+        f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
+        + (" (--quick)" if args.quick else "")
+        + ".",
+        f"Hot key: {plan.hot_trials} burst(s) of {plan.hot_size} simultaneous requests "
+        f"per variant; bulk: {plan.rows:,} records.",
+    ]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _memory() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB RAM"
+    except OSError:
+        pass
+    return "unknown RAM"
+
+
+def _step(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    plan = QUICK if args.quick else FULL
+    overrides = {
+        name: getattr(args, name)
+        for name in ("rounds", "requests", "concurrency", "rows", "workers", "threads")
+        if getattr(args, name) is not None
+    }
+    return replace(plan, **overrides)
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
+    parser.add_argument(
+        "--database",
+        default=os.environ.get("BENCH_DATABASE", "idempotency_bench"),
+        help="database to create (and drop) on the server of BENCH_DATABASE_URL",
+    )
+    parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument("--no-alternatives", action="store_true")
+    parser.add_argument(
+        "--output", type=Path, default=ROOT / "benchmarks" / "results" / "latest.md"
+    )
+    for name in ("rounds", "requests", "concurrency", "rows", "workers", "threads"):
+        parser.add_argument(f"--{name}", type=int)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

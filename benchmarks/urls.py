@@ -1,0 +1,17 @@
+"""The example project's URLs plus the benchmark twins under ``/bench/orders/<twin>/``."""
+
+from django.urls import path
+
+from benchmarks.views import LeaseOrderCreate, OrderCreate, alternative_views
+from example_project.urls import urlpatterns as example_urlpatterns
+
+TWINS = {
+    "plain": OrderCreate.as_view({"post": "create"}),
+    "lease": LeaseOrderCreate.as_view({"post": "create"}),
+    **alternative_views(),
+}
+
+urlpatterns = [
+    *example_urlpatterns,
+    *(path(f"bench/orders/{slug}/", view, name=f"bench-{slug}") for slug, view in TWINS.items()),
+]

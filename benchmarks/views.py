@@ -1,0 +1,75 @@
+"""Twins of the example's order create, one per way of protecting it.
+
+Each twin is the example's ``OrderViewSet`` create (same serializer, same
+queryset, same ``perform_create``) with one thing changed: no protection,
+lease mode, or an alternative package wired as its own docs say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import mixins, viewsets
+from rest_framework.request import Request
+from rest_framework.serializers import BaseSerializer
+
+from example_project.shop.models import Order
+from example_project.shop.serializers import OrderSerializer
+from idempotency import IdempotentCreateMixin
+
+
+class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    """The example's order create with no idempotency at all."""
+
+    serializer_class = OrderSerializer
+
+    def get_queryset(self) -> QuerySet[Order]:
+        return Order.objects.filter(owner_id=self.request.user.pk)
+
+    def perform_create(self, serializer: BaseSerializer[Order]) -> None:
+        serializer.save(owner=self.request.user)
+
+
+class LeaseOrderCreate(IdempotentCreateMixin, OrderCreate):
+    """The same create in lease mode: claim, commit, work, finish (no long transaction)."""
+
+    idempotency_operation = "bench.orders.lease"
+    idempotency_mode = "lease"
+
+
+def alternative_views() -> dict[str, Any]:
+    """View functions of the alternatives that are installed, by URL slug."""
+    views: dict[str, Any] = {}
+    try:
+        from drf_idempotencykey.mixins import DrfIdempotencyKeyMixin
+    except ImportError:
+        pass
+    else:
+
+        class DrfIdempotencyKeyOrderCreate(DrfIdempotencyKeyMixin, OrderCreate):
+            pass
+
+        views["drf-idempotencykey"] = DrfIdempotencyKeyOrderCreate.as_view({"post": "create"})
+    try:
+        from drf_idempotency import idempotent as drf_idempotent
+    except ImportError:
+        pass
+    else:
+        # Its docs put ``@idempotent()`` on the viewset's ``create``; there it renders
+        # DRF's Response before DRF has chosen a renderer and every request is a 500.
+        # Around the view function (a function-based view, as its docs also allow) it works.
+        views["drf-idempotency"] = drf_idempotent()(OrderCreate.as_view({"post": "create"}))
+    try:
+        from idempotency_key.decorators import idempotency_key
+    except ImportError:
+        pass
+    else:
+
+        class IdempotencyKeyOrderCreate(OrderCreate):
+            @idempotency_key
+            def create(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+                return super().create(request, *args, **kwargs)
+
+        views["django-idempotency-key"] = IdempotencyKeyOrderCreate.as_view({"post": "create"})
+    return views
