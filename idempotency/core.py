@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal, TypeVar
+from functools import lru_cache
+from typing import Any, Literal, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DurationField, ExpressionWrapper, F, Value
+from django.db.models import DurationField, ExpressionWrapper, F, Field, Value
 from django.db.models.functions import Now
 
 from idempotency import signals
@@ -169,8 +170,7 @@ def _execute_leased(
     decide: Callable[[T, Attempt], Outcome | None],
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
-    with transaction.atomic(using=operation.database):
-        attempt, existing = _claim(operation)
+    attempt, existing = _claim_committed(operation)
     if attempt is None:
         return _replay(operation, existing, replay)
     try:
@@ -211,8 +211,33 @@ def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | No
     ``KeyInUse`` otherwise.
     """
     token = secrets.token_hex(16)
-    with _bounded_lock_wait(operation):
-        record = _insert_or_lock(operation, token)
+    record = _claim_in_one_statement(operation, token)
+    if record is None:
+        with _bounded_lock_wait(operation):
+            record = _insert_or_lock(operation, token)
+    return _settle_claim(operation, record, token)
+
+
+def _claim_committed(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+    """Lease mode: the claim is committed before the work starts.
+
+    Outside any transaction the one-statement claim commits by itself (no
+    BEGIN/COMMIT round trips); only a key held by an unfinished record needs
+    the locked path, in a transaction of its own.
+    """
+    connection = transaction.get_connection(operation.database)
+    if connection.get_autocommit():
+        token = secrets.token_hex(16)
+        record = _claim_in_one_statement(operation, token)
+        if record is not None:
+            return _settle_claim(operation, record, token)
+    with transaction.atomic(using=operation.database):
+        return _claim(operation)
+
+
+def _settle_claim(
+    operation: Operation, record: IdempotencyRecord, token: str
+) -> tuple[Attempt | None, IdempotencyRecord | None]:
     if record.owner_token == token:
         return _claimed(operation, record, token, reclaimed=False), None
     if record.request_hash != operation.request_hash:
@@ -249,9 +274,97 @@ def _after_lost_lease(
     return None, _locked(operation).get(pk=settled.pk)
 
 
-def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
+def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyRecord | None:
+    """PostgreSQL: insert the record, or read the committed one holding the key, in one trip.
+
+    Returns the new record (owned by ``token``; in lease mode with its lease
+    taken), or a committed record that can be answered without a lock: a
+    replayable outcome, or another request under the same key. ``None`` when
+    the key is held by an unfinished record (or one this statement's snapshot
+    cannot see): the caller takes the locked path.
+
+    The statement bounds its own wait on a concurrent first attempt with
+    ``set_config('lock_timeout', ..., true)`` and restores the previous value
+    once the row is settled, instead of two ``SET LOCAL`` round trips.
+    """
+    connection = transaction.get_connection(operation.database)
+    if connection.vendor != "postgresql":
+        return None
+    candidate = _candidate(operation, token)
+    leased = operation.mode == "lease"
+    values = [
+        model_field.get_db_prep_save(model_field.pre_save(candidate, True), connection)
+        for model_field in _claim_fields(leased)
+    ]
+    lease = [_lease_length(operation)] if leased else []
+    params = [_lock_timeout_ms(operation), *values, *lease, operation.scope, operation.key]
     records = IdempotencyRecord.objects.using(operation.database)
-    candidate = IdempotencyRecord(
+    with _lock_timeout_as_key_in_use(operation):
+        row = list(records.raw(_claim_sql(leased), params))[0]
+    claimed = vars(row)  # the statement's own columns, beside the existing record's
+    if claimed["claimed_id"] is not None:
+        candidate.pk = claimed["claimed_id"]
+        candidate._state.adding = False
+        candidate._state.db = operation.database
+        candidate.lease_until = claimed["claimed_lease_until"]
+        return candidate
+    if row.pk is None:
+        return None
+    if row.status in REPLAYABLE or row.request_hash != operation.request_hash:
+        return row  # SUCCEEDED and FAILED_FINAL never change: no lock needed to answer
+    return None
+
+
+@lru_cache(maxsize=2)
+def _claim_fields(leased: bool) -> list[Field[Any, Any]]:
+    return [
+        model_field
+        for model_field in IdempotencyRecord._meta.concrete_fields
+        if not model_field.primary_key and not (leased and model_field.name == "lease_until")
+    ]
+
+
+@lru_cache(maxsize=2)
+def _claim_sql(leased: bool) -> str:
+    fields = _claim_fields(leased)
+    columns = [_quoted(model_field.column) for model_field in fields]
+    values = ["%s"] * len(fields)
+    lease_until = _quoted(IdempotencyRecord._meta.get_field("lease_until").column)
+    if leased:
+        columns.append(lease_until)
+        values.append("STATEMENT_TIMESTAMP() + %s")
+    table = _quoted(IdempotencyRecord._meta.db_table)
+    pk = _quoted(IdempotencyRecord._meta.pk.column if IdempotencyRecord._meta.pk else "id")
+    scope = _quoted(IdempotencyRecord._meta.get_field("scope").column)
+    key = _quoted(IdempotencyRecord._meta.get_field("idem_key").column)
+    return f"""
+        WITH previous AS MATERIALIZED (
+            SELECT current_setting('lock_timeout') AS lock_timeout
+        ), bounded AS MATERIALIZED (
+            SELECT lock_timeout, set_config('lock_timeout', %s, true) FROM previous
+        ), claimed AS (
+            INSERT INTO {table} ({", ".join(columns)})
+            SELECT {", ".join(values)} FROM bounded
+            ON CONFLICT ({scope}, {key}) DO NOTHING
+            RETURNING {pk}, {lease_until}
+        )
+        SELECT claimed.{pk} AS claimed_id, claimed.{lease_until} AS claimed_lease_until,
+            existing.*,
+            CASE WHEN claimed.{pk} IS NOT NULL OR existing.{pk} IS NOT NULL
+                THEN set_config('lock_timeout', bounded.lock_timeout, true) END AS restored
+        FROM bounded
+        LEFT JOIN claimed ON TRUE
+        LEFT JOIN {table} AS existing
+            ON claimed.{pk} IS NULL AND existing.{scope} = %s AND existing.{key} = %s
+    """
+
+
+def _quoted(name: str | None) -> str:
+    return f'"{name}"'  # PostgreSQL's quoting; the names are the model's own
+
+
+def _candidate(operation: Operation, token: str) -> IdempotencyRecord:
+    return IdempotencyRecord(
         scope=operation.scope,
         idem_key=operation.key,
         operation=operation.name[:255],
@@ -261,6 +374,11 @@ def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
         status=Status.PROCESSING,
         owner_token=token,
     )
+
+
+def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
+    records = IdempotencyRecord.objects.using(operation.database)
+    candidate = _candidate(operation, token)
     # The unique constraint is the arbiter: of concurrent inserts exactly one
     # lands, the others wait for it (bounded) and then lock the winner's row.
     for _ in range(3):
@@ -289,7 +407,7 @@ def _locked(operation: Operation):  # type: ignore[no-untyped-def]
 def _claimed(
     operation: Operation, record: IdempotencyRecord, token: str, *, reclaimed: bool
 ) -> Attempt:
-    if operation.mode == "lease" and not reclaimed:
+    if operation.mode == "lease" and not reclaimed and record.lease_until is None:
         _owned(operation, record.pk, token).update(
             lease_until=Now() + Value(_lease_length(operation))
         )
@@ -397,15 +515,18 @@ def retention_for(operation_name: str, status: str) -> timedelta | None:
 def _bounded_lock_wait(operation: Operation) -> Iterator[None]:
     """Bound how long a duplicate waits on the first attempt's row; past it, 409."""
     connection = transaction.get_connection(operation.database)
-    seconds = (
-        operation.lock_timeout
-        if operation.lock_timeout is not None
-        else idempotency_settings.LOCK_TIMEOUT
-    )
     postgres = connection.vendor == "postgresql"
     if postgres:
         # SET takes no bind parameters; the value is our own integer.
-        _execute(connection, f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'")
+        _execute(connection, f"SET LOCAL lock_timeout = '{_lock_timeout_ms(operation)}'")
+    with _lock_timeout_as_key_in_use(operation):
+        yield
+    if postgres:
+        _execute(connection, "SET LOCAL lock_timeout TO DEFAULT")
+
+
+@contextmanager
+def _lock_timeout_as_key_in_use(operation: Operation) -> Iterator[None]:
     try:
         yield
     except OperationalError as exc:
@@ -414,8 +535,15 @@ def _bounded_lock_wait(operation: Operation) -> Iterator[None]:
             signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
             raise KeyInUse(retry_after=retry_after) from exc
         raise
-    if postgres:
-        _execute(connection, "SET LOCAL lock_timeout TO DEFAULT")
+
+
+def _lock_timeout_ms(operation: Operation) -> str:
+    seconds = (
+        operation.lock_timeout
+        if operation.lock_timeout is not None
+        else idempotency_settings.LOCK_TIMEOUT
+    )
+    return f"{max(1, int(seconds * 1000))}ms"
 
 
 def _execute(connection: BaseDatabaseWrapper, sql: str) -> None:

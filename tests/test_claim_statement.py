@@ -1,0 +1,139 @@
+"""The one-statement claim on PostgreSQL: fewer round trips, the same protocol.
+
+The claim inserts the record, or reads the committed one holding the key, in
+one statement that bounds its own lock wait and restores ``lock_timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+from idempotency.exceptions import KeyInUse, KeyReused
+from idempotency.fingerprint import fingerprint
+from idempotency.models import IdempotencyRecord, Status
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+HASH = fingerprint(["POST", "/things/", "{}"])
+DONE = Outcome(Status.SUCCEEDED, StoredResponse(201, [], b"made"))
+JOIN_TIMEOUT = 20.0
+
+
+def operation(**changes: Any) -> Operation:
+    base = Operation(scope="user:1:things", key="k-1", request_hash=HASH, name="things.create")
+    return replace(base, **changes)
+
+
+def run(op: Operation, work: Any = None) -> str:
+    return execute(
+        op,
+        work or (lambda attempt: "ran"),
+        decide=lambda value, attempt: DONE,
+        replay=lambda record: "replayed",
+    )
+
+
+def show_lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("mode", ["atomic", "lease"])
+def test_the_work_runs_under_the_lock_timeout_it_had_before(mode):
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '7s'")
+    try:
+        seen = []
+        run(
+            operation(mode=mode, lock_timeout=0.5), lambda attempt: seen.append(show_lock_timeout())
+        )
+        assert seen == ["7s"]
+        assert show_lock_timeout() == "7s"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+
+def test_a_replay_inside_a_caller_transaction_restores_the_lock_timeout():
+    run(operation())
+    with transaction.atomic():
+        assert run(operation(lock_timeout=0.5)) == "replayed"
+        assert show_lock_timeout() == "0"
+
+
+def test_lease_mode_claims_in_one_committed_statement():
+    with CaptureQueriesContext(connection) as queries:
+        attempts: list[Attempt] = []
+        run(operation(mode="lease"), lambda attempt: attempts.append(attempt))
+    statements = [query["sql"].split()[0].upper() for query in queries]
+    # the claim (one WITH ... INSERT statement, committed by itself), then the finish
+    assert statements == ["WITH", "UPDATE"]
+    record = IdempotencyRecord.objects.get()
+    assert record.status == Status.SUCCEEDED
+    assert attempts[0].record.lease_until is not None  # the lease was taken by the claim
+
+
+def test_atomic_mode_claims_in_one_statement_inside_its_transaction():
+    with CaptureQueriesContext(connection) as queries:
+        run(operation())
+    statements = [query["sql"].split()[0].upper() for query in queries]
+    assert statements == ["BEGIN", "WITH", "UPDATE", "COMMIT"]
+
+
+def test_a_replay_takes_no_row_lock():
+    """A finished record is answered as read: a lock someone holds on it makes no one wait."""
+    run(operation())
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.select_for_update().get()
+                locked.set()
+                release.wait(JOIN_TIMEOUT)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    try:
+        assert locked.wait(JOIN_TIMEOUT)
+        assert run(operation(lock_timeout=0.2)) == "replayed"
+    finally:
+        release.set()
+        holder.join(JOIN_TIMEOUT)
+
+
+def test_another_request_under_a_finished_key_is_refused_without_a_lock():
+    run(operation())
+    with pytest.raises(KeyReused):
+        run(operation(request_hash=fingerprint(["other"])))
+
+
+def test_a_duplicate_of_an_unfinished_claim_still_waits_bounded_then_409():
+    started, finish = threading.Event(), threading.Event()
+
+    def first() -> None:
+        try:
+            run(operation(), lambda attempt: (started.set(), finish.wait(JOIN_TIMEOUT)))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert started.wait(JOIN_TIMEOUT)
+        with pytest.raises(KeyInUse):
+            run(operation(lock_timeout=0.2))
+    finally:
+        finish.set()
+        thread.join(JOIN_TIMEOUT)
+    assert run(operation()) == "replayed"
