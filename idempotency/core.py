@@ -15,15 +15,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any, Literal, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DurationField, ExpressionWrapper, F, Field, Value
+from django.db.models import DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
-from idempotency import signals
+from idempotency import postgres, signals
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -291,76 +290,21 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     if connection.vendor != "postgresql":
         return None
     candidate = _candidate(operation, token)
-    leased = operation.mode == "lease"
-    values = [
-        model_field.get_db_prep_save(model_field.pre_save(candidate, True), connection)
-        for model_field in _claim_fields(leased)
-    ]
-    lease = [_lease_length(operation)] if leased else []
-    params = [_lock_timeout_ms(operation), *values, *lease, operation.scope, operation.key]
-    records = IdempotencyRecord.objects.using(operation.database)
+    lease = _lease_length(operation) if operation.mode == "lease" else None
     with _lock_timeout_as_key_in_use(operation):
-        row = list(records.raw(_claim_sql(leased), params))[0]
-    claimed = vars(row)  # the statement's own columns, beside the existing record's
-    if claimed["claimed_id"] is not None:
-        candidate.pk = claimed["claimed_id"]
+        found = postgres.claim(connection, candidate, _lock_timeout_ms(operation), lease)
+    if found.claimed_id is not None:
+        candidate.pk = found.claimed_id
         candidate._state.adding = False
         candidate._state.db = operation.database
-        candidate.lease_until = claimed["claimed_lease_until"]
+        candidate.lease_until = found.lease_until
         return candidate
-    if row.pk is None:
+    existing = found.existing
+    if existing is None:
         return None
-    if row.status in REPLAYABLE or row.request_hash != operation.request_hash:
-        return row  # SUCCEEDED and FAILED_FINAL never change: no lock needed to answer
+    if existing.status in REPLAYABLE or existing.request_hash != operation.request_hash:
+        return existing  # SUCCEEDED and FAILED_FINAL never change: no lock needed to answer
     return None
-
-
-@lru_cache(maxsize=2)
-def _claim_fields(leased: bool) -> list[Field[Any, Any]]:
-    return [
-        model_field
-        for model_field in IdempotencyRecord._meta.concrete_fields
-        if not model_field.primary_key and not (leased and model_field.name == "lease_until")
-    ]
-
-
-@lru_cache(maxsize=2)
-def _claim_sql(leased: bool) -> str:
-    fields = _claim_fields(leased)
-    columns = [_quoted(model_field.column) for model_field in fields]
-    values = ["%s"] * len(fields)
-    lease_until = _quoted(IdempotencyRecord._meta.get_field("lease_until").column)
-    if leased:
-        columns.append(lease_until)
-        values.append("STATEMENT_TIMESTAMP() + %s")
-    table = _quoted(IdempotencyRecord._meta.db_table)
-    pk = _quoted(IdempotencyRecord._meta.pk.column if IdempotencyRecord._meta.pk else "id")
-    scope = _quoted(IdempotencyRecord._meta.get_field("scope").column)
-    key = _quoted(IdempotencyRecord._meta.get_field("idem_key").column)
-    return f"""
-        WITH previous AS MATERIALIZED (
-            SELECT current_setting('lock_timeout') AS lock_timeout
-        ), bounded AS MATERIALIZED (
-            SELECT lock_timeout, set_config('lock_timeout', %s, true) FROM previous
-        ), claimed AS (
-            INSERT INTO {table} ({", ".join(columns)})
-            SELECT {", ".join(values)} FROM bounded
-            ON CONFLICT ({scope}, {key}) DO NOTHING
-            RETURNING {pk}, {lease_until}
-        )
-        SELECT claimed.{pk} AS claimed_id, claimed.{lease_until} AS claimed_lease_until,
-            existing.*,
-            CASE WHEN claimed.{pk} IS NOT NULL OR existing.{pk} IS NOT NULL
-                THEN set_config('lock_timeout', bounded.lock_timeout, true) END AS restored
-        FROM bounded
-        LEFT JOIN claimed ON TRUE
-        LEFT JOIN {table} AS existing
-            ON claimed.{pk} IS NULL AND existing.{scope} = %s AND existing.{key} = %s
-    """
-
-
-def _quoted(name: str | None) -> str:
-    return f'"{name}"'  # PostgreSQL's quoting; the names are the model's own
 
 
 def _candidate(operation: Operation, token: str) -> IdempotencyRecord:
@@ -443,19 +387,28 @@ def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
 
 
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
-    response = outcome.response
-    updated = _owned(attempt.operation, attempt.record.pk, attempt.owner_token).update(
-        status=outcome.status,
-        response_status=response.status if response else None,
-        response_headers=[list(pair) for pair in response.headers] if response else [],
-        response_body=response.body if response else None,
-        resource_id=(outcome.resource_id or attempt.resource_id)[:255],
-        lease_until=None,
-        completed_at=Now(),
-        expires_at=_expiry(attempt.operation, outcome.status),
-        updated_at=Now(),
-        version=F("version") + 1,
-    )
+    operation, response = attempt.operation, outcome.response
+    values: dict[str, Any] = {
+        "status": outcome.status,
+        "response_status": response.status if response else None,
+        "response_headers": [list(pair) for pair in response.headers] if response else [],
+        "response_body": response.body if response else None,
+        "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
+    }
+    connection = transaction.get_connection(operation.database)
+    if connection.vendor == "postgresql":
+        window = retention_for(operation.name, outcome.status)
+        record, token = attempt.record, attempt.owner_token
+        updated = postgres.finish(connection, record.pk, token, values, window)
+    else:
+        updated = _owned(operation, attempt.record.pk, attempt.owner_token).update(
+            **values,
+            lease_until=None,
+            completed_at=Now(),
+            expires_at=_expiry(operation, outcome.status),
+            updated_at=Now(),
+            version=F("version") + 1,
+        )
     if not updated:
         raise LeaseLost()
     signals.record_completed.send(
