@@ -93,16 +93,17 @@ def _delete_in_batches(
     total: int,
     progress: Progress | None,
 ) -> int:
+    records = IdempotencyRecord.objects.using(database)
     deleted = 0
     while True:
         with transaction.atomic(using=database):
-            pks = list(batch(candidates, size).values_list("pk", flat=True))
-            if pks:
-                IdempotencyRecord.objects.using(database).filter(pk__in=pks).delete()
-        deleted += len(pks)
-        if progress is not None and pks:
+            # One statement a batch: the database picks, locks (skipping rows a request
+            # holds) and deletes the rows; no list of ids goes back and forth.
+            count, _ = records.filter(pk__in=batch(candidates, size).values("pk")).delete()
+        deleted += count
+        if progress is not None and count:
             progress(deleted, max(total, deleted))
-        if len(pks) < size:
+        if count < size:
             return deleted
 
 
