@@ -7,10 +7,12 @@ table is analysed (as autovacuum would) before anything is timed.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +112,54 @@ def explain(sql: str, params: Any = None) -> str:
     return plan
 
 
+_FILL_DRF_IDEMPOTENCYKEY = """
+INSERT INTO drf_idempotencykey_idempotencykey (
+    key, last_accessed_at, accessed_count, user_id, request_method, request_body, request_path,
+    request_digest, response_code, response_body, response_content_type, response_headers,
+    response_cookies, response_saved_at, created_at, modified_at
+)
+SELECT
+    md5(%(tag)s || g)::uuid, now() - interval '2 days', 1, (SELECT min(id) FROM auth_user),
+    'POST', '{"sku": "bench", "quantity": 1}', '/bench/orders/drf-idempotencykey/',
+    decode(md5(g::text), 'hex'), 201, '{"id": ' || g || ', "sku": "bench", "quantity": 1}',
+    'application/json', '{}'::jsonb, '{}'::jsonb, now() - interval '2 days',
+    now() - interval '2 days' + g * interval '1 millisecond', now() - interval '2 days'
+FROM generate_series(1, %(rows)s) AS g
+"""
+_FILL_DRF_IDEMPOTENCY = """
+INSERT INTO drf_idempotency_idempotencyrecord (
+    key, fingerprint, status, response_status_code, response_headers, response_body,
+    created_at, completed_at, expires_at
+)
+SELECT
+    md5(%(tag)s || g), md5(g::text), 'completed', 201,
+    '{"Content-Type": "application/json"}'::jsonb,
+    encode(convert_to('{"id": ' || g || ', "sku": "bench", "quantity": 1}', 'UTF8'), 'base64'),
+    now() - interval '2 days', now() - interval '2 days',
+    now() - interval '1 day' + g * interval '1 millisecond'
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+@dataclass(frozen=True)
+class Deleter:
+    """One way of deleting ``rows`` expired records, with how to make them first."""
+
+    name: str
+    fill: Callable[[int, str], None]
+    run: Callable[[], int]
+    plan: Callable[[], str] | None = None
+
+
 @dataclass
 class PurgeResult:
-    purge_seconds: list[float] = field(default_factory=list)
-    raw_seconds: list[float] = field(default_factory=list)
-    deleted: list[int] = field(default_factory=list)
-    purge_plan: str = ""
-    raw_plan: str = ""
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    deleted: dict[str, list[int]] = field(default_factory=dict)
+    plans: dict[str, str] = field(default_factory=dict)
+
+
+PURGE = "idempotency.retention.purge()"
+RAW = "raw batched DELETE"
 
 
 def raw_batched_delete(batch_size: int) -> int:
@@ -129,32 +172,73 @@ def raw_batched_delete(batch_size: int) -> int:
             return deleted
 
 
-def purge_vs_raw(rows: int, rounds: int, batch_size: int) -> PurgeResult:
-    """``idempotency.retention.purge`` against a raw batched ``DELETE`` of the same rows."""
+def deleters(batch_size: int, alternatives: list[str]) -> list[Deleter]:
     from django.db import transaction
 
     from idempotency.retention import batch, purge, purgeable
 
+    def ours(rows: int, tag: str) -> None:
+        fill(rows, EXPIRED, tag)
+
+    def purge_plan() -> str:
+        with transaction.atomic():  # FOR UPDATE compiles only in a transaction
+            query, params = batch(purgeable(), batch_size).query.sql_with_params()
+        return f"{query}\n\n{explain(query, params)}"
+
+    def raw_plan() -> str:
+        return f"{RAW_BATCH_DELETE.strip()}\n\n{explain(RAW_BATCH_DELETE, [batch_size])}"
+
+    chosen = [
+        Deleter(PURGE, ours, lambda: purge(batch_size=batch_size), purge_plan),
+        Deleter(RAW, ours, lambda: raw_batched_delete(batch_size), raw_plan),
+    ]
+    if "drf-idempotencykey" in alternatives:
+        chosen.append(
+            Deleter(
+                "drf-idempotencykey: manage.py cleanup_idempotency_keys",
+                lambda rows, tag: _fill_other(_FILL_DRF_IDEMPOTENCYKEY, rows, tag),
+                lambda: _command("cleanup_idempotency_keys"),
+            )
+        )
+    if "drf-idempotency" in alternatives:
+        chosen.append(
+            Deleter(
+                "drf-idempotency: manage.py cleanup_expired_idempotency_keys",
+                lambda rows, tag: _fill_other(_FILL_DRF_IDEMPOTENCY, rows, tag),
+                lambda: _command("cleanup_expired_idempotency_keys"),
+            )
+        )
+    return chosen
+
+
+def _fill_other(sql: str, rows: int, tag: str) -> None:
+    execute(sql, {"rows": rows, "tag": tag})
+    table = sql.split("INSERT INTO ", 1)[1].split()[0]
+    execute(f"ANALYZE {table}")
+
+
+def _command(name: str) -> int:
+    """Run a cleanup command; the count of deleted rows is the number in its summary line."""
+    from django.core.management import call_command
+
+    output = StringIO()
+    call_command(name, stdout=output)
+    found = re.search(r"\d+", output.getvalue())
+    return int(found.group()) if found else 0
+
+
+def purge_side_by_side(rows: int, rounds: int, chosen: list[Deleter]) -> PurgeResult:
+    """Each deleter on freshly made rows, in rotating order, ``rounds`` times."""
     result = PurgeResult()
-    sides = ["purge", "raw"]
     for round_ in range(rounds):
-        for side in sides[round_ % 2 :] + sides[: round_ % 2]:
-            fill(rows, EXPIRED, tag=f"purge-{round_}-{side}")
-            if side == "purge":
-                if not result.purge_plan:
-                    with transaction.atomic():  # FOR UPDATE compiles only in a transaction
-                        query, params = batch(purgeable(), batch_size).query.sql_with_params()
-                    result.purge_plan = f"{query}\n\n{explain(query, params)}"
-                seconds, deleted = timed(lambda: purge(batch_size=batch_size))
-                result.purge_seconds.append(seconds)
-            else:
-                if not result.raw_plan:
-                    result.raw_plan = f"{RAW_BATCH_DELETE.strip()}\n\n" + explain(
-                        RAW_BATCH_DELETE, [batch_size]
-                    )
-                seconds, deleted = timed(lambda: raw_batched_delete(batch_size))
-                result.raw_seconds.append(seconds)
-            result.deleted.append(deleted)
+        shift = round_ % len(chosen)
+        for deleter in chosen[shift:] + chosen[:shift]:
+            deleter.fill(rows, f"purge-{round_}-{deleter.name}")
+            if deleter.plan is not None and deleter.name not in result.plans:
+                result.plans[deleter.name] = deleter.plan()
+            seconds, deleted = timed(deleter.run)
+            result.seconds.setdefault(deleter.name, []).append(seconds)
+            result.deleted.setdefault(deleter.name, []).append(deleted)
             clear_bulk()
     return result
 

@@ -121,8 +121,17 @@ class HotKey:
     statuses: Counter[int] = field(default_factory=Counter)
     failures: int = 0
     effects: list[int] = field(default_factory=list)  # orders created, per burst
+    answered: list[int] = field(default_factory=list)  # 2xx replies, per burst
+
+    @property
+    def score(self) -> float:
+        """Share of replies that carried the outcome (2xx), in bursts with exactly one effect."""
+        good = sum(ok for ok, made in zip(self.answered, self.effects, strict=True) if made == 1)
+        total = len(self.latencies) + self.failures
+        return good / total if total else 0.0
 
     def add(self, replies: Sequence[Reply | None]) -> None:
+        self.answered.append(sum(1 for r in replies if r is not None and 200 <= r.status < 300))
         for reply in replies:
             if reply is None:
                 self.failures += 1
