@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.models.functions import Now
 
 from idempotency import signals
@@ -93,18 +94,49 @@ def _delete_in_batches(
     total: int,
     progress: Progress | None,
 ) -> int:
-    records = IdempotencyRecord.objects.using(database)
+    ordering = str(candidates.query.order_by[0])  # expires_at, or created_at with older_than
     deleted = 0
+    floor = None  # where the last batch ended, in purge order
     while True:
+        # Start each batch where the last one ended: the index scan then steps over
+        # none of the entries the earlier batches left dead (they would make each batch
+        # slower than the one before until vacuum). Rows skipped as locked wait for the next pass.
+        chosen = candidates if floor is None else candidates.filter(**{f"{ordering}__gte": floor})
         with transaction.atomic(using=database):
-            # One statement a batch: the database picks, locks (skipping rows a request
-            # holds) and deletes the rows; no list of ids goes back and forth.
-            count, _ = records.filter(pk__in=batch(candidates, size).values("pk")).delete()
+            count, floor = _delete_batch(database, chosen, size, ordering)
         deleted += count
         if progress is not None and count:
             progress(deleted, max(total, deleted))
         if count < size:
             return deleted
+
+
+def _delete_batch(
+    database: str, chosen: IdempotencyRecordQuerySet, size: int, ordering: str
+) -> tuple[int, Any]:
+    """Delete one batch (in a transaction); returns how many rows and where the batch ended.
+
+    One statement: the database picks, locks (skipping rows a request holds) and
+    deletes the rows; no list of ids goes back and forth.
+    """
+    picked = batch(chosen, size).values("pk")
+    connection = connections[database]
+    if connection.vendor != "postgresql":
+        count, _ = IdempotencyRecord.objects.using(database).filter(pk__in=picked).delete()
+        return count, None
+    query, params = picked.query.sql_with_params()
+    meta = IdempotencyRecord._meta
+    quote = connection.ops.quote_name
+    table, pk = quote(meta.db_table), quote(str(meta.pk.column))  # type: ignore[union-attr]
+    column = quote(str(getattr(meta.get_field(ordering), "column", ordering)))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH gone AS (DELETE FROM {table} WHERE {pk} IN ({query}) RETURNING {column}) "
+            f"SELECT count(*), max({column}) FROM gone",
+            params,
+        )
+        count, last = cursor.fetchone()
+    return int(count), last
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
