@@ -298,6 +298,8 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
         candidate._state.adding = False
         candidate._state.db = operation.database
         candidate.lease_until = found.lease_until
+        if found.created_at is not None:
+            candidate.created_at = candidate.updated_at = found.created_at
         return candidate
     existing = found.existing
     if existing is None:

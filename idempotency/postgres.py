@@ -17,12 +17,21 @@ from django.db.models import Field
 
 from idempotency.models import IdempotencyRecord, Status
 
+# The text columns a request fills in; every other column of a new record starts
+# the same (its model default, prepared once) or from the database clock.
+_PER_REQUEST = frozenset(
+    {"scope", "idem_key", "operation", "request_hash", "request_method", "request_path"}
+    | {"owner_token"}
+)
+_DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
+
 
 class Claim(NamedTuple):
     """What the claim statement found: the new record's id, or the committed record."""
 
     claimed_id: int | None
     lease_until: datetime | None
+    created_at: datetime | None
     existing: IdempotencyRecord | None
 
 
@@ -40,18 +49,21 @@ def claim(
     With ``lease`` the record is inserted with its lease taken, by the database clock.
     """
     fields = _insert_fields(lease is not None)
+    constants = _constants(connection.alias)
     values = [
-        field.get_db_prep_save(field.pre_save(candidate, True), connection) for field in fields
+        constants[field.name] if field.name in constants else getattr(candidate, field.attname)
+        for field in fields
+        if field.name not in _DATABASE_CLOCK
     ]
     leased = [lease] if lease is not None else []
     params = [lock_timeout, *values, *leased, candidate.scope, candidate.idem_key]
     with connection.cursor() as cursor:
         cursor.execute(_claim_sql(lease is not None), params)
         row = cursor.fetchone()
-    claimed_id, lease_until, *existing, _restored = row
+    claimed_id, lease_until, created_at, *existing, _restored = row
     if claimed_id is not None or existing[_pk_position()] is None:
-        return Claim(claimed_id, lease_until, None)
-    return Claim(None, None, _record(connection, existing))
+        return Claim(claimed_id, lease_until, created_at, None)
+    return Claim(None, None, None, _record(connection, existing))
 
 
 def finish(
@@ -96,6 +108,20 @@ def _converters(alias: str, field: Field[Any, Any]) -> list[Any]:
     return [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
 
 
+@lru_cache(maxsize=8)
+def _constants(alias: str) -> dict[str, Any]:
+    """Prepared values of the columns every new record starts with (the model's defaults)."""
+    from django.db import connections
+
+    connection = connections[alias]
+    template = IdempotencyRecord(status=Status.PROCESSING)
+    return {
+        field.name: field.get_db_prep_save(getattr(template, field.attname), connection)
+        for field in _insert_fields(False)
+        if field.name not in _PER_REQUEST | _DATABASE_CLOCK
+    }
+
+
 @lru_cache(maxsize=2)
 def _insert_fields(leased: bool) -> list[Field[Any, Any]]:
     return [
@@ -109,12 +135,15 @@ def _insert_fields(leased: bool) -> list[Field[Any, Any]]:
 def _claim_sql(leased: bool) -> str:
     fields = _insert_fields(leased)
     columns = [_column(field.name) for field in fields]
-    values = ["%s"] * len(fields)
+    values = [
+        "STATEMENT_TIMESTAMP()" if field.name in _DATABASE_CLOCK else "%s" for field in fields
+    ]
     if leased:
         columns.append(_column("lease_until"))
         values.append("STATEMENT_TIMESTAMP() + %s")
     table, pk = _quoted(IdempotencyRecord._meta.db_table), _column("id")
     scope, key, lease_until = _column("scope"), _column("idem_key"), _column("lease_until")
+    created_at = _column("created_at")
     existing = ", ".join(
         f"existing.{_quoted(field.column)}" for field in IdempotencyRecord._meta.concrete_fields
     )
@@ -127,9 +156,9 @@ def _claim_sql(leased: bool) -> str:
             INSERT INTO {table} ({", ".join(columns)})
             SELECT {", ".join(values)} FROM bounded
             ON CONFLICT ({scope}, {key}) DO NOTHING
-            RETURNING {pk}, {lease_until}
+            RETURNING {pk}, {lease_until}, {created_at}
         )
-        SELECT claimed.{pk}, claimed.{lease_until}, {existing},
+        SELECT claimed.{pk}, claimed.{lease_until}, claimed.{created_at}, {existing},
             CASE WHEN claimed.{pk} IS NOT NULL OR existing.{pk} IS NOT NULL
                 THEN set_config('lock_timeout', bounded.lock_timeout, true) END
         FROM bounded

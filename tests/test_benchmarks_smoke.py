@@ -1,0 +1,69 @@
+"""The benchmark's quick mode runs end to end, so it cannot rot.
+
+It never judges speed: the run must work and print its tables, whatever the
+ratios say (on a shared machine they say little about a change).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+pytestmark = pytest.mark.postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 120
+
+
+def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
+    output = tmp_path / "results.md"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/run.py",
+            "--quick",
+            "--database",
+            f"{settings.DATABASES['default']['NAME']}_bench",
+            "--output",
+            str(output),
+        ],
+        cwd=ROOT,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    for heading in [
+        "## Ratios",
+        "## First requests",
+        "## Replays",
+        "## Hot key",
+        "## Purge and recovery",
+        "## Query plans",
+    ]:
+        assert heading in result.stdout
+    assert "| comparison | ratio | target | |" in result.stdout
+    assert "| unprotected |" in result.stdout
+    assert "| idempotency (atomic) |" in result.stdout
+    assert output.read_text() == result.stdout.rstrip("\n") + "\n"
+
+
+def _environment() -> dict[str, str]:
+    default = settings.DATABASES["default"]
+    password = f":{default['PASSWORD']}" if default.get("PASSWORD") else ""
+    server = f"{default.get('HOST') or '127.0.0.1'}:{default.get('PORT') or 5432}"
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"DATABASE_URL", "TEST_DATABASE_NAME", "DJANGO_SETTINGS_MODULE"}
+    }
+    env["BENCH_DATABASE_URL"] = (
+        f"postgres://{default.get('USER') or 'postgres'}{password}@{server}/postgres"
+    )
+    return env
