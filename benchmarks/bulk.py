@@ -173,17 +173,25 @@ def raw_batched_delete(batch_size: int) -> int:
 
 
 def deleters(batch_size: int, alternatives: list[str]) -> list[Deleter]:
-    from django.db import transaction
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
 
-    from idempotency.retention import batch, purge, purgeable
+    from idempotency.retention import purge
 
     def ours(rows: int, tag: str) -> None:
         fill(rows, EXPIRED, tag)
 
     def purge_plan() -> str:
-        with transaction.atomic():  # FOR UPDATE compiles only in a transaction
-            query, params = batch(purgeable(), batch_size).query.sql_with_params()
-        return f"{query}\n\n{explain(query, params)}"
+        # The statement of purge's second batch (it starts where the first ended),
+        # captured in a transaction that is rolled back, then explained.
+        with CaptureQueriesContext(connection) as captured:
+            try:
+                with transaction.atomic():
+                    purge(batch_size=batch_size, progress=_stop_after(2 * batch_size))
+            except _Enough:
+                pass
+        sql = [query["sql"] for query in captured if "DELETE" in query["sql"]][-1]
+        return f"{sql}\n\n{explain(sql)}"
 
     def raw_plan() -> str:
         return f"{RAW_BATCH_DELETE.strip()}\n\n{explain(RAW_BATCH_DELETE, [batch_size])}"
@@ -209,6 +217,18 @@ def deleters(batch_size: int, alternatives: list[str]) -> list[Deleter]:
             )
         )
     return chosen
+
+
+class _Enough(Exception):
+    pass
+
+
+def _stop_after(rows: int) -> Callable[[int, int], None]:
+    def progress(done: int, total: int) -> None:
+        if done >= rows:
+            raise _Enough
+
+    return progress
 
 
 def _fill_other(sql: str, rows: int, tag: str) -> None:
@@ -269,8 +289,7 @@ def recovery_scan(rows: int, leases: int) -> RecoveryResult:
         recover_expired()
         transaction.set_rollback(True)
     scans = [query["sql"] for query in captured if query["sql"].lstrip().startswith("SELECT")]
-    for sql in dict.fromkeys(scans[:2]):
-        result.plans.append(f"{sql}\n\n{explain(sql)}")
+    result.plans.append(f"{scans[0]}\n\n{explain(scans[0])}")
     result.seconds, report = timed(recover_expired)
     result.report = report.as_dict()
     result.idle_seconds, _ = timed(recover_expired)
