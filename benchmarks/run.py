@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import socket
 import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -75,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         results = Results(setup=_setup(plan, database, args))
         results.alternatives = list(ALTERNATIVES) if alternatives else []
         results.unsupported = _unsupported(results.alternatives, alternatives is None)
+        if "django-idempotency-key" in results.alternatives and not _redis_answers():
+            results.alternatives.remove("django-idempotency-key")
+            results.unsupported.append(
+                "django-idempotency-key was left out: it needs Redis (BENCH_REDIS_URL) "
+                "and none answered."
+            )
         env = environment(database, alternatives, run_id=uuid.uuid4().hex[:12])
         prepare(env)
         _http(results, plan, database, env, args.output.parent / "gunicorn.log")
@@ -124,6 +132,15 @@ def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path |
     results.purge = bulk.purge_side_by_side(plan.rows, plan.purge_rounds, deleters)
     _step(f"recovery scan: {plan.rows:,} finished records, {plan.expired_leases} expired leases")
     results.recovery = bulk.recovery_scan(plan.rows, plan.expired_leases)
+
+
+def _redis_answers() -> bool:
+    parts = urlsplit(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 2):
+            return True
+    except OSError:
+        return False
 
 
 def _unsupported(alternatives: list[str], skipped: bool) -> list[str]:
