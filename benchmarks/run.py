@@ -179,7 +179,11 @@ def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str
         "persistent database connections, DEBUG off.",
         f"Client: this process, {plan.concurrency} keep-alive connections, "
         f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
-        + (" (--quick)" if args.quick else "")
+        + (
+            " (--quick: a smoke run, too few requests for its ratios to mean much)"
+            if args.quick
+            else ""
+        )
         + ".",
         f"Hot key: {plan.hot_trials} burst(s) of {plan.hot_size} simultaneous requests "
         f"per variant; bulk: {plan.rows:,} records.",

@@ -200,7 +200,9 @@ def _replay(
     return replay(record)
 
 
-def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _claim(
+    operation: Operation, *, one_statement: bool = True
+) -> tuple[Attempt | None, IdempotencyRecord | None]:
     """Claim the record inside the caller's transaction.
 
     Returns ``(attempt, None)`` when this call owns the record and must run the
@@ -210,7 +212,7 @@ def _claim(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | No
     ``KeyInUse`` otherwise.
     """
     token = secrets.token_hex(16)
-    record = _claim_in_one_statement(operation, token)
+    record = _claim_in_one_statement(operation, token) if one_statement else None
     if record is None:
         with _bounded_lock_wait(operation):
             record = _insert_or_lock(operation, token)
@@ -230,6 +232,8 @@ def _claim_committed(operation: Operation) -> tuple[Attempt | None, IdempotencyR
         record = _claim_in_one_statement(operation, token)
         if record is not None:
             return _settle_claim(operation, record, token)
+        with transaction.atomic(using=operation.database):
+            return _claim(operation, one_statement=False)  # it was just tried
     with transaction.atomic(using=operation.database):
         return _claim(operation)
 
