@@ -55,7 +55,7 @@ def render(results: Results) -> str:
         "",
         "## Ratios",
         "",
-        _ratio_table(_ratios(results, first, replays)),
+        _ratio_table(_ratios(results)),
         "",
         "## First requests (a new key each; the unprotected twin sends none)",
         "",
@@ -76,44 +76,52 @@ def render(results: Results) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _ratios(
-    results: Results, first: dict[str, Summary], replays: dict[str, Summary]
-) -> list[Ratio]:
-    ratios = []
-    ours, plain = first.get(OURS.name), first.get(PLAIN.name)
-    if ours and plain:
-        ratios.append(
-            Ratio(
-                "first requests, throughput: idempotency / unprotected", _div(ours, plain), ">= 0.9"
-            )
-        )
-    lease = first.get("idempotency (lease)")
-    if ours and lease:
-        ratios.append(Ratio("first requests, throughput: lease / atomic mode", _div(lease, ours)))
-    fresh, replayed = replays.get(f"{OURS.name}, fresh keys"), replays.get(f"{OURS.name}, replays")
-    if fresh and replayed:
-        ratios.append(Ratio("replays / fresh creates, throughput", _div(replayed, fresh), ">= 2"))
+def _ratios(results: Results) -> list[Ratio]:
+    first, replays = results.first, results.replays
+    ours, lease = OURS.name, "idempotency (lease)"
+    fresh, replayed = f"{OURS.name}, fresh keys", f"{OURS.name}, replays"
+    ratios = [
+        Ratio(
+            "first requests, throughput: idempotency / unprotected",
+            _paired(first, ours, PLAIN.name),
+            ">= 0.9",
+        ),
+        Ratio("first requests, throughput: lease / atomic mode", _paired(first, lease, ours)),
+        Ratio("replays / fresh creates, throughput", _paired(replays, replayed, fresh), ">= 2"),
+    ]
     ratios += _hot_ratios(results.hot, results.alternatives)
     ratios += _purge_ratios(results.purge)
     for alternative in results.alternatives:
-        if ours and alternative in first:
-            ratios.append(
-                Ratio(
-                    f"first requests, throughput: idempotency / {alternative}",
-                    _div(ours, first[alternative]),
-                    "> 1",
-                )
+        ratios.append(
+            Ratio(
+                f"first requests, throughput: idempotency / {alternative}",
+                _paired(first, ours, alternative),
+                "> 1",
             )
-        name = f"{alternative}, replays"
-        if replayed and name in replays:
-            ratios.append(
-                Ratio(
-                    f"replays, throughput: idempotency / {alternative}",
-                    _div(replayed, replays[name]),
-                    "> 1",
-                )
+        )
+        ratios.append(
+            Ratio(
+                f"replays, throughput: idempotency / {alternative}",
+                _paired(replays, replayed, f"{alternative}, replays"),
+                "> 1",
             )
-    return ratios
+        )
+    return [ratio for ratio in ratios if not math.isnan(ratio.value)]
+
+
+def _paired(samples: dict[str, list[Sample]], a: str, b: str) -> float:
+    """The median over rounds of a's throughput over b's in the same round.
+
+    Rounds alternate the variants, so the two sides of one round ran seconds
+    apart, under the same neighbours' load: a ratio per round cancels drift
+    that a ratio of medians would keep.
+    """
+    pairs = [
+        one.throughput / other.throughput
+        for one, other in zip(samples.get(a, []), samples.get(b, []), strict=False)
+        if other.throughput
+    ]
+    return statistics.median(pairs) if pairs else math.nan
 
 
 def _purge_ratios(purge: PurgeResult | None) -> list[Ratio]:
@@ -164,10 +172,6 @@ def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Rat
                 )
             )
     return ratios
-
-
-def _div(a: Summary, b: Summary) -> float:
-    return a.throughput / b.throughput if b.throughput else math.nan
 
 
 def _ratio_table(ratios: Sequence[Ratio]) -> str:

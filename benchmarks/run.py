@@ -50,8 +50,8 @@ class Plan:
 
 
 FULL = Plan(
-    rounds=6,
-    requests=500,
+    rounds=10,
+    requests=300,
     concurrency=8,
     hot_trials=5,
     hot_size=50,

@@ -20,7 +20,7 @@ ROOT_URLCONF = "benchmarks.urls"
 DATABASES["default"]["CONN_MAX_AGE"] = 300
 
 # HTTP Basic checks the password on every request. PBKDF2 at Django's default
-# cost takes hundreds of milliseconds of CPU and would hide every difference
+# cost takes half a second of CPU here and would hide every difference
 # measured here; a cheap hasher keeps the request stack lean (benchmark only!).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
