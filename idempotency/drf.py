@@ -8,7 +8,7 @@ from typing import Any
 from django.http.response import HttpResponseBase
 from rest_framework.request import Request
 
-from idempotency.conf import idempotency_settings, load_callable
+from idempotency.conf import idempotency_settings
 from idempotency.core import Mode
 from idempotency.http import IdempotencyOptions, protect, read_key, request_hash
 from idempotency.models import Status
@@ -69,7 +69,8 @@ class IdempotentMixin:
         return request_hash(request, options)
 
     def get_idempotency_outcome(self, response: HttpResponseBase) -> Status | None:
-        return load_callable(idempotency_settings.OUTCOME_POLICY, "OUTCOME_POLICY")(response)
+        policy: Callable[[HttpResponseBase], Status | None] = idempotency_settings.OUTCOME_POLICY
+        return policy(response)
 
     def get_idempotency_operation(self) -> str:
         if self.idempotency_operation:
@@ -84,7 +85,7 @@ class IdempotentMixin:
             required=False,
             key=self.get_idempotency_key,
             scope=self.get_idempotency_scope,
-            fingerprint=self._fingerprint_material,
+            fingerprint=self.get_idempotency_fingerprint,
             mode=self.idempotency_mode,
             lease_seconds=self.idempotency_lease_seconds,
             lock_timeout=self.idempotency_lock_timeout,
@@ -98,9 +99,6 @@ class IdempotentMixin:
     ) -> HttpResponseBase:
         options = self.get_idempotency_options()
         return protect(request, handler, options, options.operation or "")
-
-    def _fingerprint_material(self, request: Request) -> str:
-        return self.get_idempotency_fingerprint(request)
 
 
 class IdempotentCreateMixin(IdempotentMixin):
