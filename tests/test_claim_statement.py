@@ -137,3 +137,40 @@ def test_a_duplicate_of_an_unfinished_claim_still_waits_bounded_then_409():
         finish.set()
         thread.join(JOIN_TIMEOUT)
     assert run(operation()) == "replayed"
+
+
+@pytest.fixture
+def own_session():
+    """A session of its own: prepared statements live as long as their session."""
+    connection.close()
+    connection.ensure_connection()
+    yield connection.connection
+    connection.close()
+
+
+def our_prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall() if IdempotencyRecord._meta.db_table in row[0]]
+
+
+@pytest.mark.parametrize("mode", ["atomic", "lease"])
+def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own_session, mode):
+    own_session.prepare_threshold = 0  # as OPTIONS = {"prepare_threshold": 0} sets it
+    assert run(operation(mode=mode)) == "ran"
+    # (a rollback, as here in atomic mode, makes psycopg deallocate what it prepared)
+    with pytest.raises(KeyReused):
+        run(operation(mode=mode, request_hash=fingerprint(["other"])))
+    assert run(operation(mode=mode, key="k-2")) == "ran"
+    assert run(operation(mode=mode)) == "replayed"
+    statements = our_prepared_statements()
+    # one prepared statement each, reused by every later request on this session
+    assert sorted(statement.split()[0].upper() for statement in statements) == ["UPDATE", "WITH"]
+    assert IdempotencyRecord.objects.filter(status=Status.SUCCEEDED).count() == 2
+
+
+def test_with_djangos_default_nothing_is_prepared(own_session):
+    own_session.prepare_threshold = None  # Django's default: poolers may not keep them
+    run(operation())
+    run(operation(key="k-2"))
+    assert our_prepared_statements() == []
