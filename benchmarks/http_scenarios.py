@@ -19,6 +19,7 @@ class Variant:
     name: str
     path: str
     keyed: bool = True
+    prepared: bool = False  # served by the server whose connections prepare statements
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,23 @@ class Target:
     port: int
 
 
+@dataclass(frozen=True)
+class Servers:
+    """The project served twice: as Django connects by default, and with prepared statements."""
+
+    default: Target
+    prepared: Target
+
+    def of(self, variant: Variant) -> Target:
+        return self.prepared if variant.prepared else self.default
+
+
 PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
 OURS = Variant("idempotency (atomic)", "/api/orders/")
 LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
+PREPARED = " (prepared statements)"
+PLAIN_PREPARED = Variant(PLAIN.name + PREPARED, PLAIN.path, keyed=False, prepared=True)
+OURS_PREPARED = Variant(OURS.name + PREPARED, OURS.path, prepared=True)
 ALTERNATIVES = {
     "drf-idempotencykey": Variant("drf-idempotencykey", "/bench/orders/drf-idempotencykey/"),
     "drf-idempotency": Variant("drf-idempotency", "/bench/orders/drf-idempotency/"),
@@ -65,15 +80,20 @@ def rotated(items: Sequence[Variant], by: int) -> list[Variant]:
     return [*items[shift:], *items[:shift]]
 
 
-def warm_up(target: Target, variants: Sequence[Variant], concurrency: int) -> None:
+def warm_up(servers: Servers, variants: Sequence[Variant], concurrency: int) -> None:
     """Let every worker open its database connection and import its code, unmeasured."""
     for variant in variants:
         calls, _ = fresh_calls(variant, concurrency * 4)
-        drive(target.host, target.port, calls, concurrency)
+        _drive(servers, variant, calls, concurrency)
+
+
+def _drive(servers: Servers, variant: Variant, calls: Sequence[Call], concurrency: int) -> Sample:
+    target = servers.of(variant)
+    return drive(target.host, target.port, calls, concurrency)
 
 
 def first_requests(
-    target: Target, variants: Sequence[Variant], rounds: int, count: int, concurrency: int
+    servers: Servers, variants: Sequence[Variant], rounds: int, count: int, concurrency: int
 ) -> tuple[dict[str, list[Sample]], dict[str, list[str]]]:
     """Creates with a new key each (none for the unprotected twin); returns the keys used."""
     samples: dict[str, list[Sample]] = defaultdict(list)
@@ -81,34 +101,45 @@ def first_requests(
     for round_ in range(rounds):
         for variant in rotated(variants, round_):
             calls, used = fresh_calls(variant, count)
-            samples[variant.name].append(drive(target.host, target.port, calls, concurrency))
+            samples[variant.name].append(_drive(servers, variant, calls, concurrency))
             keys[variant.name].extend(used)
     return samples, keys
 
 
 def replays(
-    target: Target,
+    servers: Servers,
     variants: Sequence[Variant],
     recorded: dict[str, list[str]],
     rounds: int,
     count: int,
     concurrency: int,
 ) -> dict[str, list[Sample]]:
-    """Repeats of recorded keys (same body), alternating with fresh creates on our endpoint."""
-    fresh = Variant(f"{OURS.name}, fresh keys", OURS.path)
-    replayed = [Variant(f"{variant.name}, replays", variant.path) for variant in variants]
+    """Repeats of recorded keys (same body), alternating with fresh creates on our endpoint.
+
+    Each of this app's variants is also driven with fresh keys on its own
+    server, so that replays and creates are compared under the same connections.
+    """
+    fresh = [
+        Variant(f"{variant.name}, fresh keys", variant.path, prepared=variant.prepared)
+        for variant in variants
+        if variant.path == OURS.path
+    ]
+    replayed = [
+        Variant(f"{variant.name}, replays", variant.path, prepared=variant.prepared)
+        for variant in variants
+    ]
     sources = dict(zip([v.name for v in replayed], variants, strict=True))
     samples: dict[str, list[Sample]] = defaultdict(list)
     rng = random.Random(6)
     for round_ in range(rounds):
-        for variant in rotated([fresh, *replayed], round_):
-            if variant is fresh:
+        for variant in rotated([*fresh, *replayed], round_):
+            if variant in fresh:
                 calls, _ = fresh_calls(variant, count)
             else:
                 source = sources[variant.name]
                 keys = rng.choices(recorded[source.name], k=count)
                 calls = [order_call(source, key) for key in keys]
-            samples[variant.name].append(drive(target.host, target.port, calls, concurrency))
+            samples[variant.name].append(_drive(servers, variant, calls, concurrency))
     return samples
 
 
@@ -143,7 +174,7 @@ class HotKey:
 
 
 def hot_keys(
-    target: Target,
+    servers: Servers,
     database: Database,
     variants: Sequence[Variant],
     trials: int,
@@ -161,6 +192,7 @@ def hot_keys(
                 key = str(uuid.uuid4())
                 calls = [order_call(variant, key, sku) for _ in range(size)]
             result = results[variant.name]
+            target = servers.of(variant)
             result.add(burst(target.host, target.port, calls))
             result.effects.append(
                 int(database.scalar("SELECT count(*) FROM shop_order WHERE sku = %s", sku))

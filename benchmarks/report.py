@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.bulk import PURGE, RAW, PurgeResult, RecoveryResult
-from benchmarks.http_scenarios import OURS, PLAIN, HotKey
+from benchmarks.http_scenarios import OURS, OURS_PREPARED, PLAIN, PLAIN_PREPARED, PREPARED, HotKey
 from benchmarks.loadgen import Sample
 from benchmarks.stats import Summary, percentile, summarize
 
@@ -86,8 +86,18 @@ def _ratios(results: Results) -> list[Ratio]:
             _paired(first, ours, PLAIN.name),
             ">= 0.9",
         ),
+        Ratio(
+            f"first requests, throughput: idempotency / unprotected{PREPARED}",
+            _paired(first, OURS_PREPARED.name, PLAIN_PREPARED.name),
+            ">= 0.9",
+        ),
         Ratio("first requests, throughput: lease / atomic mode", _paired(first, lease, ours)),
         Ratio("replays / fresh creates, throughput", _paired(replays, replayed, fresh), ">= 2"),
+        Ratio(
+            f"replays / fresh creates, throughput{PREPARED}",
+            _paired(replays, f"{OURS_PREPARED.name}, replays", f"{OURS_PREPARED.name}, fresh keys"),
+            ">= 2",
+        ),
     ]
     ratios += _hot_ratios(results.hot, results.alternatives)
     ratios += _purge_ratios(results.purge)

@@ -30,7 +30,16 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import bulk, http_scenarios  # noqa: E402
 from benchmarks.alternatives import ensure_installed  # noqa: E402
-from benchmarks.http_scenarios import ALTERNATIVES, LEASE, OURS, PLAIN, Target  # noqa: E402
+from benchmarks.http_scenarios import (  # noqa: E402
+    ALTERNATIVES,
+    LEASE,
+    OURS,
+    OURS_PREPARED,
+    PLAIN,
+    PLAIN_PREPARED,
+    Servers,
+    Target,
+)
 from benchmarks.report import Results, render  # noqa: E402
 from benchmarks.server import Database, environment, gunicorn, prepare  # noqa: E402
 
@@ -101,25 +110,31 @@ def main(argv: list[str] | None = None) -> int:
 def _http(results: Results, plan: Plan, database: Database, env: dict[str, str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     alternatives = [ALTERNATIVES[name] for name in results.alternatives]
-    with gunicorn(env, plan.workers, plan.threads, log) as port:
-        target = Target("127.0.0.1", port)
+    prepared = {**env, "BENCH_PREPARED": "1"}
+    with (
+        gunicorn(env, plan.workers, plan.threads, log) as port,
+        gunicorn(prepared, plan.workers, plan.threads, log) as prepared_port,
+    ):
+        servers = Servers(Target("127.0.0.1", port), Target("127.0.0.1", prepared_port))
+        variants = [PLAIN, OURS, PLAIN_PREPARED, OURS_PREPARED, LEASE, *alternatives]
         _step("warming up")
-        http_scenarios.warm_up(target, [PLAIN, OURS, LEASE, *alternatives], plan.concurrency)
+        http_scenarios.warm_up(servers, variants, plan.concurrency)
         _step("first requests")
         results.first, keys = http_scenarios.first_requests(
-            target,
-            [PLAIN, OURS, LEASE, *alternatives],
+            servers, variants, plan.rounds, plan.requests, plan.concurrency
+        )
+        _step("replays")
+        results.replays = http_scenarios.replays(
+            servers,
+            [OURS, OURS_PREPARED, *alternatives],
+            keys,
             plan.rounds,
             plan.requests,
             plan.concurrency,
         )
-        _step("replays")
-        results.replays = http_scenarios.replays(
-            target, [OURS, *alternatives], keys, plan.rounds, plan.requests, plan.concurrency
-        )
         _step("hot key")
         results.hot = http_scenarios.hot_keys(
-            target, database, [OURS, LEASE, *alternatives], plan.hot_trials, plan.hot_size
+            servers, database, [OURS, LEASE, *alternatives], plan.hot_trials, plan.hot_size
         )
 
 
@@ -176,7 +191,9 @@ def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str
         f"{platform.python_version()}, Django {django.get_version()}, "
         f"gunicorn {gunicorn_package.__version__}.",
         f"Server: gunicorn, {plan.workers} gthread workers x {plan.threads} threads, "
-        "persistent database connections, DEBUG off.",
+        "persistent database connections, DEBUG off; served twice, as Django connects "
+        "by default and with prepared statements (server_side_binding, "
+        "prepare_threshold 5), for the variants marked so.",
         f"Client: this process, {plan.concurrency} keep-alive connections, "
         f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
         + (

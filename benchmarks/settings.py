@@ -19,6 +19,16 @@ ROOT_URLCONF = "benchmarks.urls"
 # PostgreSQL connection per request would cost more than everything measured.
 DATABASES["default"]["CONN_MAX_AGE"] = 300
 
+if env.bool("BENCH_PREPARED", default=False):
+    # The run's second server: psycopg 3 binds every statement server-side and
+    # prepares it after 5 runs, Django's and this app's alike, as a deployment
+    # without a transaction-mode connection pooler may (Django leaves it off).
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "server_side_binding": True,
+        "prepare_threshold": 5,
+    }
+
 # HTTP Basic checks the password on every request. PBKDF2 at Django's default
 # cost takes half a second of CPU here and would hide every difference
 # measured here; a cheap hasher keeps the request stack lean (benchmark only!).

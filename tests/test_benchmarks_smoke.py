@@ -51,6 +51,9 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     assert "| comparison | ratio | target | |" in result.stdout
     assert "| unprotected |" in result.stdout
     assert "| idempotency (atomic) |" in result.stdout
+    # the second server, whose connections prepare statements
+    assert "| unprotected (prepared statements) |" in result.stdout
+    assert "| idempotency (atomic) (prepared statements) |" in result.stdout
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 
