@@ -8,6 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.bulk import PURGE, RAW, PurgeResult, RecoveryResult
+from benchmarks.floor import (
+    PROTECTED,
+    PROTOCOLS,
+    TRANSACTION,
+    UNPROTECTED,
+    FloorResult,
+    measurement,
+)
 from benchmarks.http_scenarios import OURS, OURS_PREPARED, PLAIN, PLAIN_PREPARED, PREPARED, HotKey
 from benchmarks.loadgen import Sample
 from benchmarks.stats import Summary, percentile, summarize
@@ -41,6 +49,7 @@ class Results:
     hot: dict[str, HotKey] = field(default_factory=dict)
     purge: PurgeResult | None = None
     recovery: RecoveryResult | None = None
+    floor: FloorResult | None = None
     alternatives: list[str] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
 
@@ -70,6 +79,9 @@ def render(results: Results) -> str:
         parts += ["## Hot key: simultaneous duplicates of one key", "", _hot_table(results.hot), ""]
     if results.purge is not None or results.recovery is not None:
         parts += ["## Purge and recovery", "", _bulk_table(results), ""]
+    if results.floor is not None:
+        parts += ["## Database floor: the same statements under pgbench", ""]
+        parts += [_floor_table(results.floor), ""]
     if results.unsupported:
         parts += ["## Not supported", "", *(f"- {line}" for line in results.unsupported), ""]
     parts += _plans(results)
@@ -99,6 +111,7 @@ def _ratios(results: Results) -> list[Ratio]:
             ">= 2",
         ),
     ]
+    ratios += _floor_ratios(results.floor)
     ratios += _hot_ratios(results.hot, results.alternatives)
     ratios += _purge_ratios(results.purge)
     for alternative in results.alternatives:
@@ -151,6 +164,39 @@ def _purge_ratios(purge: PurgeResult | None) -> list[Ratio]:
             )
         )
     return ratios
+
+
+def _floor_ratios(floor: FloorResult | None) -> list[Ratio]:
+    if floor is None or not floor.tps:
+        return []
+    ratios = []
+    for protocol in PROTOCOLS:
+        unprotected = floor.median(measurement(UNPROTECTED, protocol))
+        ratios += [
+            Ratio(
+                f"database floor ({protocol}), throughput: protected / unprotected create",
+                floor.median(measurement(PROTECTED, protocol)) / unprotected,
+            ),
+            Ratio(
+                f"database floor ({protocol}), throughput: INSERT in a transaction / alone",
+                floor.median(measurement(TRANSACTION, protocol)) / unprotected,
+            ),
+        ]
+    return ratios
+
+
+def _floor_table(floor: FloorResult) -> str:
+    if floor.missing:
+        return floor.missing
+    rows = [
+        f"| statements, pgbench protocol ({floor.clients} clients) | transactions/s (median) "
+        "| rounds |",
+        "|---|---:|---|",
+    ]
+    for name, values in floor.tps.items():
+        runs = ", ".join(f"{value:.0f}" for value in values)
+        rows.append(f"| {name} | {floor.median(name):.0f} | {runs} |")
+    return "\n".join(rows)
 
 
 def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Ratio]:

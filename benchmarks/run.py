@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bulk, http_scenarios  # noqa: E402
+from benchmarks import bulk, floor, http_scenarios  # noqa: E402
 from benchmarks.alternatives import ensure_installed  # noqa: E402
 from benchmarks.http_scenarios import (  # noqa: E402
     ALTERNATIVES,
@@ -52,6 +52,8 @@ class Plan:
     hot_trials: int  # bursts per variant
     hot_size: int  # simultaneous duplicates per burst
     rows: int  # records for purge and for the recovery scan
+    floor_rounds: int  # alternating pgbench rounds per script
+    floor_seconds: int  # per script and round
     purge_rounds: int  # fills per side
     expired_leases: int
     workers: int
@@ -65,12 +67,23 @@ FULL = Plan(
     hot_trials=5,
     hot_size=50,
     rows=1_000_000,
+    floor_rounds=3,
+    floor_seconds=5,
     purge_rounds=2,
     expired_leases=100,
     workers=4,
     threads=2,
 )
-QUICK = replace(FULL, rounds=2, requests=60, hot_trials=1, rows=10_000, purge_rounds=1)
+QUICK = replace(
+    FULL,
+    rounds=2,
+    requests=60,
+    hot_trials=1,
+    rows=10_000,
+    floor_rounds=1,
+    floor_seconds=1,
+    purge_rounds=1,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +160,8 @@ def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path |
     results.purge = bulk.purge_side_by_side(plan.rows, plan.purge_rounds, deleters)
     _step(f"recovery scan: {plan.rows:,} finished records, {plan.expired_leases} expired leases")
     results.recovery = bulk.recovery_scan(plan.rows, plan.expired_leases)
+    _step("database floor: the same statements under pgbench")
+    results.floor = floor.measure(database, plan.floor_rounds, plan.floor_seconds, plan.concurrency)
 
 
 def _redis_answers() -> bool:

@@ -1,0 +1,145 @@
+"""The database floor: one create's statements run by pgbench, without Python or HTTP.
+
+The statements are the ones Django and this app send for the order create,
+captured from one protected create in this process (parameters bound
+client-side, as Django binds them by default). Three scripts: the unprotected
+create (one autocommitted INSERT), the same INSERT in a transaction, and the
+protected create (BEGIN, claim, INSERT, finish, COMMIT); each run with
+pgbench's simple protocol (parsed and planned every time, as behind Django's
+default connections) and prepared (planned once per connection, as with
+``prepare_threshold``), in alternating rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.server import USER, Database
+
+UNPROTECTED = "INSERT (autocommit), the unprotected create"
+TRANSACTION = "BEGIN; INSERT; COMMIT"
+PROTECTED = "BEGIN; claim; INSERT; finish; COMMIT, the protected create"
+PROTOCOLS = ("simple", "prepared")
+
+
+def measurement(script: str, protocol: str) -> str:
+    return f"{script}, {protocol}"
+
+
+@dataclass
+class FloorResult:
+    tps: dict[str, list[float]] = field(default_factory=dict)
+    clients: int = 0
+    missing: str = ""  # why nothing was measured
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.tps[name]) if self.tps.get(name) else float("nan")
+
+
+def measure(database: Database, rounds: int, seconds: int, clients: int) -> FloorResult:
+    """Needs Django set up on ``database`` (``bulk.setup_django``)."""
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        return FloorResult(missing="pgbench was not found on PATH: the floor was not measured.")
+    result = FloorResult(clients=clients)
+    with tempfile.TemporaryDirectory() as folder:
+        runs = {}
+        for index, (name, script) in enumerate(_scripts().items()):
+            path = Path(folder) / f"script{index}.sql"
+            path.write_text(script)
+            for protocol in PROTOCOLS:
+                runs[measurement(name, protocol)] = (path, protocol)
+        names = list(runs)
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in [*names[shift:], *names[:shift]]:
+                path, protocol = runs[name]
+                tps = _pgbench(pgbench, database, path, protocol, seconds, clients)
+                result.tps.setdefault(name, []).append(tps)
+    return result
+
+
+def _scripts() -> dict[str, str]:
+    key = f"floor-{uuid.uuid4().hex}"
+    insert, claim, finish = _captured_statements(key)
+    # The claim's id goes into :claimed_id (pgbench's \gset) for the finish to use;
+    # each transaction takes a new key.
+    claim = claim.replace(f"'{key}'", "'floor-' || :k").replace(
+        'SELECT claimed."id",', 'SELECT claimed."id" AS claimed_id,', 1
+    )
+    finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
+    return {
+        UNPROTECTED: f"{insert};\n",
+        TRANSACTION: f"BEGIN;\n{insert};\nCOMMIT;\n",
+        PROTECTED: (
+            "\\set k random(1, 1000000000000)\n"
+            f"BEGIN;\n{claim} \\gset\n{insert};\n{finish};\nCOMMIT;\n"
+        ),
+    }
+
+
+def _captured_statements(key: str) -> tuple[str, str, str]:
+    """The order INSERT, the claim and the finish, as sent for one protected create."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from example_project.shop.models import Order
+    from idempotency.core import Operation, Outcome, StoredResponse, execute
+    from idempotency.models import Status
+
+    user = get_user_model().objects.get(username=USER)
+    operation = Operation(
+        scope="bench-floor", key=key, request_hash="0" * 64, name="bench.floor", method="POST"
+    )
+    body = b'{"id": 1, "sku": "bench", "quantity": 1, "status": "PENDING"}'
+    with CaptureQueriesContext(connection) as queries:
+        execute(
+            operation,
+            lambda attempt: Order.objects.create(owner=user, sku="bench", quantity=1),
+            decide=lambda order, attempt: Outcome(
+                Status.SUCCEEDED,
+                StoredResponse(201, [("Content-Type", "application/json")], body),
+                str(order.pk),
+            ),
+            replay=lambda record: None,
+        )
+    # One line each: pgbench ends a meta command (\gset) at the end of its line.
+    by_verb = {
+        query["sql"].split()[0].upper(): query["sql"].replace("\n", " ") for query in queries
+    }
+    return by_verb["INSERT"], by_verb["WITH"], by_verb["UPDATE"]
+
+
+def _pgbench(
+    pgbench: str, database: Database, script: Path, protocol: str, seconds: int, clients: int
+) -> float:
+    command = [
+        pgbench,
+        "--no-vacuum",
+        f"--protocol={protocol}",
+        f"--client={clients}",
+        f"--jobs={min(clients, 2)}",
+        f"--time={seconds}",
+        f"--file={script}",
+        f"--host={database.host}",
+        f"--port={database.port}",
+        f"--username={database.user}",
+        database.name,
+    ]
+    environment = {"PATH": os.environ.get("PATH", "")}
+    if database.password:
+        environment["PGPASSWORD"] = database.password
+    completed = subprocess.run(command, capture_output=True, text=True, env=environment)
+    match = re.search(r"^tps = ([\d.]+)", completed.stdout, re.MULTILINE)
+    if completed.returncode != 0 or match is None:
+        raise RuntimeError(f"pgbench failed:\n{completed.stdout}\n{completed.stderr}")
+    return float(match.group(1))
