@@ -57,6 +57,30 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 
+def test_in_process_breakdown_runs_and_prints_its_table():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/inprocess.py",
+            "--rounds",
+            "1",
+            "--requests",
+            "5",
+            "--database",
+            f"{settings.DATABASES['default']['NAME']}_inprocess",
+        ],
+        cwd=ROOT,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | requests | this process, CPU ms")
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["5"] * 5  # every variant ran
+
+
 def _environment() -> dict[str, str]:
     default = settings.DATABASES["default"]
     password = f":{default['PASSWORD']}" if default.get("PASSWORD") else ""
