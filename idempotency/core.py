@@ -18,7 +18,6 @@ from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
@@ -472,16 +471,18 @@ def retention_for(operation_name: str, status: str) -> timedelta | None:
 
 @contextmanager
 def _bounded_lock_wait(operation: Operation) -> Iterator[None]:
-    """Bound how long a duplicate waits on the first attempt's row; past it, 409."""
+    """Bound how long a duplicate waits on the first attempt's row; past it, 409.
+
+    The caller's own ``lock_timeout`` is put back afterwards: the work runs under it.
+    """
     connection = transaction.get_connection(operation.database)
-    postgres = connection.vendor == "postgresql"
-    if postgres:
-        # SET takes no bind parameters; the value is our own integer.
-        _execute(connection, f"SET LOCAL lock_timeout = '{_lock_timeout_ms(operation)}'")
+    previous = None
+    if connection.vendor == "postgresql":
+        previous = postgres.set_lock_timeout(connection, _lock_timeout_ms(operation))
     with _lock_timeout_as_key_in_use(operation):
         yield
-    if postgres:
-        _execute(connection, "SET LOCAL lock_timeout TO DEFAULT")
+    if previous is not None:
+        postgres.set_lock_timeout(connection, previous)
 
 
 @contextmanager
@@ -503,11 +504,6 @@ def _lock_timeout_ms(operation: Operation) -> str:
         else idempotency_settings.LOCK_TIMEOUT
     )
     return f"{max(1, int(seconds * 1000))}ms"
-
-
-def _execute(connection: BaseDatabaseWrapper, sql: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
 
 
 def _is_lock_timeout(exc: OperationalError) -> bool:

@@ -54,8 +54,8 @@ def claim(
 
     The statement bounds its own wait on a concurrent first attempt with
     ``set_config('lock_timeout', ..., true)`` and restores the previous value
-    once the row is settled (when it is not, the caller's locked path restores it).
-    With ``lease`` the record is inserted with its lease taken, by the database clock.
+    once the insert is done, whatever it found. With ``lease`` the record is
+    inserted with its lease taken, by the database clock.
     """
     fields = _insert_fields(lease is not None)
     constants = _constants(connection.alias)
@@ -90,6 +90,17 @@ def finish(
     with _cursor(connection) as cursor:
         cursor.execute(_finish_sql(names, expires_in is not None), params)
         return int(cursor.rowcount)
+
+
+def set_lock_timeout(connection: BaseDatabaseWrapper, value: str) -> str:
+    """Set ``lock_timeout`` for the transaction; returns the value it replaced, in one trip."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT previous, set_config('lock_timeout', %s, true) FROM "
+            "(SELECT current_setting('lock_timeout') AS previous OFFSET 0) AS saved",
+            [value],
+        )
+        return str(cursor.fetchone()[0])
 
 
 def _cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
@@ -186,8 +197,7 @@ def _claim_sql(leased: bool) -> str:
             RETURNING {pk}, {lease_until}, {created_at}
         )
         SELECT claimed.{pk}, claimed.{lease_until}, claimed.{created_at}, {existing},
-            CASE WHEN claimed.{pk} IS NOT NULL OR existing.{pk} IS NOT NULL
-                THEN set_config('lock_timeout', bounded.lock_timeout, true) END
+            set_config('lock_timeout', bounded.lock_timeout, true)
         FROM bounded
         LEFT JOIN claimed ON TRUE
         LEFT JOIN {table} AS existing

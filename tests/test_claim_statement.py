@@ -18,6 +18,7 @@ from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execut
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from tests.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -60,6 +61,28 @@ def test_the_work_runs_under_the_lock_timeout_it_had_before(mode):
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
+
+
+@pytest.mark.parametrize("mode", ["atomic", "lease"])
+def test_a_retry_after_a_failure_runs_under_the_callers_own_lock_timeout(mode):
+    """The locked path (a FAILED_RETRYABLE record is taken over) restores the caller's
+    transaction-local value, not the session's default."""
+    IdempotencyRecordFactory(
+        failed_retryable=True,
+        scope=operation().scope,
+        idem_key=operation().key,
+        request_hash=HASH,
+    )
+    seen = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '7s'")
+        run(
+            operation(mode=mode, lock_timeout=0.5),
+            lambda attempt: seen.append(show_lock_timeout()),
+        )
+        assert show_lock_timeout() == "7s"
+    assert seen == ["7s"]
 
 
 def test_a_replay_inside_a_caller_transaction_restores_the_lock_timeout():
