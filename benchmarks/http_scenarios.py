@@ -40,6 +40,7 @@ class Servers:
 
 
 PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
+PLAIN_ATOMIC = Variant("unprotected, in a transaction", "/bench/orders/plain-atomic/", keyed=False)
 OURS = Variant("idempotency (atomic)", "/api/orders/")
 LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
 PREPARED = " (prepared statements)"

@@ -16,7 +16,15 @@ from benchmarks.floor import (
     FloorResult,
     measurement,
 )
-from benchmarks.http_scenarios import OURS, OURS_PREPARED, PLAIN, PLAIN_PREPARED, PREPARED, HotKey
+from benchmarks.http_scenarios import (
+    OURS,
+    OURS_PREPARED,
+    PLAIN,
+    PLAIN_ATOMIC,
+    PLAIN_PREPARED,
+    PREPARED,
+    HotKey,
+)
 from benchmarks.loadgen import Sample
 from benchmarks.stats import Summary, percentile, summarize
 
@@ -102,6 +110,10 @@ def _ratios(results: Results) -> list[Ratio]:
             f"first requests, throughput: idempotency / unprotected{PREPARED}",
             _paired(first, OURS_PREPARED.name, PLAIN_PREPARED.name),
             ">= 0.9",
+        ),
+        Ratio(
+            "first requests, throughput: idempotency / unprotected in a transaction",
+            _paired(first, ours, PLAIN_ATOMIC.name),
         ),
         Ratio("first requests, throughput: lease / atomic mode", _paired(first, lease, ours)),
         Ratio("replays / fresh creates, throughput", _paired(replays, replayed, fresh), ">= 2"),

@@ -36,6 +36,7 @@ from benchmarks.http_scenarios import (  # noqa: E402
     OURS,
     OURS_PREPARED,
     PLAIN,
+    PLAIN_ATOMIC,
     PLAIN_PREPARED,
     Servers,
     Target,
@@ -129,7 +130,8 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         gunicorn(prepared, plan.workers, plan.threads, log) as prepared_port,
     ):
         servers = Servers(Target("127.0.0.1", port), Target("127.0.0.1", prepared_port))
-        variants = [PLAIN, OURS, PLAIN_PREPARED, OURS_PREPARED, LEASE, *alternatives]
+        variants = [PLAIN, PLAIN_ATOMIC, OURS, PLAIN_PREPARED, OURS_PREPARED, LEASE]
+        variants += alternatives
         _step("warming up")
         http_scenarios.warm_up(servers, variants, plan.concurrency)
         _step("first requests")

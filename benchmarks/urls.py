@@ -2,11 +2,17 @@
 
 from django.urls import path
 
-from benchmarks.views import LeaseOrderCreate, OrderCreate, alternative_views
+from benchmarks.views import (
+    LeaseOrderCreate,
+    OrderCreate,
+    TransactionalOrderCreate,
+    alternative_views,
+)
 from example_project.urls import urlpatterns as example_urlpatterns
 
 TWINS = {
     "plain": OrderCreate.as_view({"post": "create"}),
+    "plain-atomic": TransactionalOrderCreate.as_view({"post": "create"}),
     "lease": LeaseOrderCreate.as_view({"post": "create"}),
     **alternative_views(),
 }

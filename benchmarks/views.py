@@ -1,14 +1,16 @@
 """Twins of the example's order create, one per way of protecting it.
 
 Each twin is the example's ``OrderViewSet`` create (same serializer, same
-queryset, same ``perform_create``) with one thing changed: no protection,
-lease mode, or an alternative package wired as its own docs say.
+queryset, same ``perform_create``) with one thing changed: no protection (and
+no protection, in a transaction), lease mode, or an alternative package wired
+as its own docs say.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 from rest_framework import mixins, viewsets
 from rest_framework.request import Request
@@ -29,6 +31,14 @@ class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):  # type: ig
 
     def perform_create(self, serializer: BaseSerializer[Order]) -> None:
         serializer.save(owner=self.request.user)
+
+
+class TransactionalOrderCreate(OrderCreate):
+    """The same create in a transaction, as ATOMIC_REQUESTS or a create of several rows runs it."""
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        with transaction.atomic():
+            return super().create(request, *args, **kwargs)
 
 
 class LeaseOrderCreate(IdempotentCreateMixin, OrderCreate):
