@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.server import Database
+from benchmarks.stats import rotated
 
 TABLE = "idempotency_idempotencyrecord"
 LOST_LEASE_OPERATION = "bench.lost-lease"
@@ -251,8 +252,7 @@ def purge_side_by_side(rows: int, rounds: int, chosen: list[Deleter]) -> PurgeRe
     """Each deleter on freshly made rows, in rotating order, ``rounds`` times."""
     result = PurgeResult()
     for round_ in range(rounds):
-        shift = round_ % len(chosen)
-        for deleter in chosen[shift:] + chosen[:shift]:
+        for deleter in rotated(chosen, round_):
             deleter.fill(rows, f"purge-{round_}-{deleter.name}")
             if deleter.plan is not None and deleter.name not in result.plans:
                 result.plans[deleter.name] = deleter.plan()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.server import USER, Database
+from benchmarks.stats import rotated
 
 UNPROTECTED = "INSERT (autocommit), the unprotected create"
 TRANSACTION = "BEGIN; INSERT; COMMIT"
@@ -57,10 +58,8 @@ def measure(database: Database, rounds: int, seconds: int, clients: int) -> Floo
             path.write_text(script)
             for protocol in PROTOCOLS:
                 runs[measurement(name, protocol)] = (path, protocol)
-        names = list(runs)
         for round_ in range(rounds):
-            shift = round_ % len(names)
-            for name in [*names[shift:], *names[:shift]]:
+            for name in rotated(list(runs), round_):
                 path, protocol = runs[name]
                 tps = _pgbench(pgbench, database, path, protocol, seconds, clients)
                 result.tps.setdefault(name, []).append(tps)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.loadgen import Call, Reply, Sample, burst, drive
 from benchmarks.server import PASSWORD, USER, Database
+from benchmarks.stats import rotated
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,6 @@ def fresh_calls(variant: Variant, count: int) -> tuple[list[Call], list[str]]:
     keys = [str(uuid.uuid4()) for _ in range(count)] if variant.keyed else []
     calls = [order_call(variant, keys[i] if keys else None) for i in range(count)]
     return calls, keys
-
-
-def rotated(items: Sequence[Variant], by: int) -> list[Variant]:
-    """Round ``r`` starts with a different variant, so no one always runs first (or last)."""
-    shift = by % len(items)
-    return [*items[shift:], *items[:shift]]
 
 
 def warm_up(servers: Servers, variants: Sequence[Variant], concurrency: int) -> None:

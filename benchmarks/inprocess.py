@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.server import PASSWORD, USER, Database  # noqa: E402
+from benchmarks.stats import rotated  # noqa: E402
 
 BODY = b'{"sku": "bench", "quantity": 1}'
 
@@ -110,10 +111,8 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
         unprotected()
         protected()
     costs = {name: Cost() for name in variants}
-    names = list(variants)
     for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in [*names[shift:], *names[:shift]]:
+        for name in rotated(list(variants), round_):
             work, threshold = variants[name]
             connection.ensure_connection()
             connection.connection.prepare_threshold = threshold

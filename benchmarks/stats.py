@@ -7,8 +7,17 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from benchmarks.loadgen import Sample
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """Round ``by`` starts with a different item, so no one always runs first (or last)."""
+    shift = by % len(items)
+    return [*items[shift:], *items[:shift]]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

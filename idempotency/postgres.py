@@ -112,13 +112,13 @@ def _cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     made the way ``connection.cursor()`` makes Django's own (health check,
     thread check, error wrapping, query logging), only the binding differs.
     """
+    # psycopg 2, preparing off, or not connected yet (its first statement goes unprepared)
+    if getattr(connection.connection, "prepare_threshold", None) is None:
+        return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
-    raw = connection.connection
-    if getattr(raw, "prepare_threshold", None) is None:  # psycopg 2, or preparing is off
-        return connection.cursor()
     with connection.wrap_database_errors:
-        return connection._prepare_cursor(_SERVER_BINDING(raw))  # type: ignore[attr-defined,no-any-return]
+        return connection._prepare_cursor(_SERVER_BINDING(connection.connection))  # type: ignore[attr-defined,no-any-return]
 
 
 def _record(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> IdempotencyRecord:

@@ -22,23 +22,9 @@ TIMEOUT = 120
 
 def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     output = tmp_path / "results.md"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/run.py",
-            "--quick",
-            "--database",
-            f"{settings.DATABASES['default']['NAME']}_bench",
-            "--output",
-            str(output),
-        ],
-        cwd=ROOT,
-        env=_environment(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
+    result = _run(
+        "benchmarks/run.py", "--quick", "--database", _database("bench"), "--output", str(output)
     )
-    assert result.returncode == 0, result.stderr[-4000:]
     for heading in [
         "## Ratios",
         "## First requests",
@@ -58,17 +44,19 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
 
 
 def test_in_process_breakdown_runs_and_prints_its_table():
+    result = _run(
+        "benchmarks/inprocess.py",
+        *("--rounds", "1", "--requests", "5", "--database", _database("inprocess")),
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | requests | this process, CPU ms")
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["5"] * 5  # every variant ran
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script as a user would; it must succeed."""
     result = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/inprocess.py",
-            "--rounds",
-            "1",
-            "--requests",
-            "5",
-            "--database",
-            f"{settings.DATABASES['default']['NAME']}_inprocess",
-        ],
+        [sys.executable, script, *args],
         cwd=ROOT,
         env=_environment(),
         capture_output=True,
@@ -76,9 +64,12 @@ def test_in_process_breakdown_runs_and_prints_its_table():
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("| variant | requests | this process, CPU ms")
-    assert [line.split(" | ")[1] for line in lines[2:]] == ["5"] * 5  # every variant ran
+    return result
+
+
+def _database(suffix: str) -> str:
+    """A database of the script's own beside the test database, created and dropped by it."""
+    return f"{settings.DATABASES['default']['NAME']}_{suffix}"
 
 
 def _environment() -> dict[str, str]:
