@@ -113,6 +113,13 @@ class TestBrowsableApi:
         assert json.loads(response.content)["code"] == "idempotency_key_missing"
 
 
+def test_the_drf_exception_is_still_importable_from_the_http_layer():
+    from idempotency import IdempotencyAPIException
+    from idempotency.http import IdempotencyAPIException as moved
+
+    assert moved is IdempotencyAPIException
+
+
 class TestLeaseModeUnderAtomicRequests:
     @pytest.fixture(autouse=True)
     def atomic_requests(self, monkeypatch):

@@ -12,10 +12,11 @@ import pytest
 
 from idempotency.models import IdempotencyRecord, Status
 from tests.processes import process_env, python
-from tests.servers import ORDER, AsgiServer, uvicorn
+from tests.servers import ORDER, AsgiServer, Reply, send, uvicorn
 from tests.testapp.models import Order
 
 SETTINGS = "tests.nodrf.settings"
+FORM = "application/x-www-form-urlencoded"
 
 IMPORTS_AND_CHECKS = """
 import importlib, sys
@@ -84,6 +85,18 @@ class TestOverHttp:
         assert (invalid.status, problem(invalid)) == (400, "idempotency_key_invalid")
         assert Order.objects.count() == 1
         assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
+
+    def test_an_html_form_may_carry_the_key_in_a_field(self, server):
+        def submit(quantity: int) -> Reply:
+            body = f"sku=book&quantity={quantity}&_idempotency_key=form-1".encode()
+            headers = {"Cookie": server.cookie, "Content-Type": FORM}
+            return send(server.url + "/orders/", "POST", body, headers)
+
+        first, again, changed = submit(2), submit(2), submit(3)
+        assert (first.status, again.status, again.replayed) == (201, 201, True)
+        assert changed.status == 422
+        assert IdempotencyRecord.objects.get().idem_key == "form-1"
+        assert Order.objects.get().quantity == 2
 
     def test_an_unrecorded_outcome_rolls_back(self, server):
         assert server.post("/orders/", **{"X-Status": "400"}).status == 400

@@ -1,4 +1,5 @@
-"""A plain, synchronous Django view; the async ones come from tests/testapp/async_views.py."""
+"""A plain, synchronous Django view taking JSON or a form; the async ones come from
+tests/testapp/async_views.py."""
 
 import json
 
@@ -10,7 +11,8 @@ from tests.testapp.models import Order
 
 @idempotent(operation="nodrf.order")
 def order(request: HttpRequest) -> HttpResponse:
-    payload = json.loads(request.body or b"{}")
+    form = request.content_type == "application/x-www-form-urlencoded"
+    payload = request.POST if form else json.loads(request.body or b"{}")
     created = Order.objects.create(
         owner=request.user, sku=payload.get("sku", "plain"), quantity=payload.get("quantity", 1)
     )
