@@ -45,7 +45,7 @@ class Reply:
         return self.headers.get("idempotent-replayed") == "true"
 
 
-def reply(status: int, headers: Any, body: bytes) -> Reply:
+def to_reply(status: int, headers: Any, body: bytes) -> Reply:
     return Reply(status, {name.lower(): value for name, value in headers.items()}, body)
 
 
@@ -62,9 +62,9 @@ def send(
     request = urllib.request.Request(url, data=data, method=method, headers=all_headers)
     try:
         with OPENER.open(request, timeout=timeout) as response:
-            return reply(response.status, response.headers, response.read())
+            return to_reply(response.status, response.headers, response.read())
     except urllib.error.HTTPError as error:
-        return reply(error.code, error.headers, error.read())
+        return to_reply(error.code, error.headers, error.read())
 
 
 def free_port() -> int:

@@ -33,22 +33,20 @@ def is_replay(response) -> bool:
     return response.headers.get("Idempotent-Replayed") == "true"
 
 
+def create(client: APIClient, **extra):
+    return client.post("/orders/", ORDER, format="json", headers={"Idempotency-Key": "k"}, **extra)
+
+
 class TestStoredRepresentation:
     def test_an_html_first_request_stores_json_and_json_clients_get_json(self, client):
-        first = client.post(
-            "/orders/",
-            ORDER,
-            format="json",
-            HTTP_ACCEPT="text/html",
-            headers={"Idempotency-Key": "k"},
-        )
+        first = create(client, HTTP_ACCEPT="text/html")
         assert first.status_code == 201
         assert first["Content-Type"].startswith("text/html")  # the browser got its page
         assert b"csrfmiddlewaretoken" in first.content
         record = IdempotencyRecord.objects.get()
         assert dict(record.response_headers)["Content-Type"] == "application/json"
         assert b"csrf" not in bytes(record.response_body)
-        replay = client.post("/orders/", ORDER, format="json", headers={"Idempotency-Key": "k"})
+        replay = create(client)
         assert is_replay(replay)
         assert replay["Content-Type"] == "application/json"
         order = Order.objects.get()
@@ -56,14 +54,8 @@ class TestStoredRepresentation:
         assert replay["Location"] == f"/orders/{order.pk}/"
 
     def test_an_html_repeat_gets_the_stored_json_too(self, client):
-        first = client.post("/orders/", ORDER, format="json", headers={"Idempotency-Key": "k"})
-        repeat = client.post(
-            "/orders/",
-            ORDER,
-            format="json",
-            HTTP_ACCEPT="text/html",
-            headers={"Idempotency-Key": "k"},
-        )
+        first = create(client)
+        repeat = create(client, HTTP_ACCEPT="text/html")
         assert is_replay(repeat)
         assert (repeat["Content-Type"], repeat.content) == ("application/json", first.content)
 

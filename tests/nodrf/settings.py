@@ -8,10 +8,12 @@ import sys
 
 sys.modules["rest_framework"] = None  # type: ignore[assignment]
 
+from tests import settings as with_drf  # noqa: E402
 from tests.settings import (  # noqa: E402
     ALLOWED_HOSTS,
     DATABASES,
     DEFAULT_AUTO_FIELD,
+    MIDDLEWARE,
     PASSWORD_HASHERS,
     SECRET_KEY,
     STATIC_URL,
@@ -23,6 +25,7 @@ __all__ = [
     "ALLOWED_HOSTS",
     "DATABASES",
     "DEFAULT_AUTO_FIELD",
+    "MIDDLEWARE",
     "PASSWORD_HASHERS",
     "SECRET_KEY",
     "STATIC_URL",
@@ -32,19 +35,9 @@ __all__ = [
 
 DEBUG = False
 ROOT_URLCONF = "tests.nodrf.urls"
+# The test project's apps but DRF and the example project (which uses DRF).
 INSTALLED_APPS = [
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "django.contrib.sessions",
-    "django.contrib.messages",
-    "django.contrib.admin",
-    "django.contrib.staticfiles",
-    "idempotency",
-    "tests.testapp.apps.TestAppConfig",
-]
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    app
+    for app in with_drf.INSTALLED_APPS
+    if app != "rest_framework" and not app.startswith("example_project")
 ]
