@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,26 +32,14 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.servers import OPENER, Reply, free_port, to_reply
+
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "http-test-webhook-secret"
 USERS = {"alice": "alice-password", "bob": "bob-password"}
 TIMEOUT = 20.0
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def replayed(self) -> bool:
-        return self.headers.get("idempotent-replayed") == "true"
 
 
 @dataclass(frozen=True)
@@ -77,10 +65,10 @@ class Server:
             self.url + path, data=data, method=method, headers=all_headers
         )
         try:
-            with _OPENER.open(request, timeout=TIMEOUT) as response:
-                return _reply(response.status, response.headers, response.read())
+            with OPENER.open(request, timeout=TIMEOUT) as response:
+                return to_reply(response.status, response.headers, response.read())
         except urllib.error.HTTPError as error:
-            return _reply(error.code, error.headers, error.read())
+            return to_reply(error.code, error.headers, error.read())
 
     def create_order(self, body: Any, key: str | None, user: str = "alice") -> Reply:
         headers = {} if key is None else {"Idempotency-Key": key}
@@ -100,14 +88,6 @@ class Server:
             row = db.execute(sql, params).fetchone()
         assert row is not None
         return int(row[0])
-
-
-# No proxy from the environment may stand between the tests and 127.0.0.1.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _reply(status: int, headers: Any, body: bytes) -> Reply:
-    return Reply(status, {name.lower(): value for name, value in headers.items()}, body)
 
 
 # --- the server -------------------------------------------------------------------------
@@ -199,16 +179,10 @@ def _create_users_code() -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def _gunicorn(env: dict[str, str]) -> Iterator[str]:
     """Serves the example project for the ``with`` block; always stops it and prints its log."""
-    port = _free_port()
+    port = free_port()
     command = [
         *(sys.executable, "-m", "gunicorn", "example_project.wsgi:application"),
         *("--bind", f"127.0.0.1:{port}", "--workers", "3", "--threads", "4"),
@@ -243,7 +217,7 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str) -> None:
         if process.poll() is not None:
             pytest.fail(f"gunicorn exited with {process.returncode}")
         try:
-            with _OPENER.open(url + "/", timeout=2) as response:
+            with OPENER.open(url + "/", timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -306,6 +280,26 @@ def test_first_request_then_replay_then_reuse_with_another_body(server):
     assert reused.headers["content-type"] == "application/problem+json"
     assert reused.json()["code"] == "idempotency_key_reused"
     assert _orders_with_sku(server, "http-1") == 1
+
+
+def test_the_browsable_api_creates_once_per_page_and_stores_json(server):
+    page = server.request("GET", "/api/orders/", headers={"Accept": "text/html"})
+    found = re.search(rb'name="_idempotency_key" value="([0-9a-f-]{36})"', page.body)
+    assert found is not None, "the browsable API's form carries no key"
+    form = f"sku=http-form&quantity=1&_idempotency_key={found[1].decode()}".encode()
+    headers = {"Accept": "text/html", "Content-Type": "application/x-www-form-urlencoded"}
+    first = server.request("POST", "/api/orders/", form, headers=headers)
+    again = server.request("POST", "/api/orders/", form, headers=headers)
+    as_json = server.request("POST", "/api/orders/", form, headers={**headers, "Accept": "*/*"})
+
+    assert (first.status, first.replayed) == (201, False)
+    assert first.headers["content-type"].startswith("text/html")
+    for replay in (again, as_json):
+        assert (replay.status, replay.replayed) == (201, True)
+        assert replay.headers["content-type"] == "application/json"
+        assert b"csrfmiddlewaretoken" not in replay.body
+    assert as_json.json()["sku"] == "http-form"
+    assert _orders_with_sku(server, "http-form") == 1
 
 
 @pytest.mark.parametrize(
