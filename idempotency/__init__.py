@@ -17,6 +17,7 @@ from idempotency.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from idempotency.celery import IdempotentTask
     from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
@@ -37,6 +38,7 @@ _LAZY = {
     "execute": "idempotency.core",
     "idempotent": "idempotency.decorators",
     "idempotent_function": "idempotency.functions",
+    "IdempotentTask": "idempotency.celery",  # needs Celery: left out of __all__ (star imports)
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
     "IdempotencyOptions": "idempotency.http",
