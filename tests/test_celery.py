@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,6 @@ from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
 from tests.testapp.tasks import place_order, place_order_atomic, place_order_impatiently
-
-THREADS = ("--pool=threads", "--concurrency=4")  # the duplicate runs beside the first run
 
 
 @pytest.mark.django_db
@@ -97,6 +96,18 @@ def test_a_task_without_a_key_function_fails_when_the_worker_loads_it():
 # -- a real worker on Redis, against the PostgreSQL test database -------------------------
 
 
+def through_a_worker(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in (pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)):
+        test = mark(test)
+    return test
+
+
+@pytest.fixture
+def queue(worker: Callable[..., str]) -> str:
+    """A worker's queue; its threads run a duplicate beside the first run."""
+    return worker("--pool=threads", "--concurrency=4")
+
+
 def _log(tmp_path: Path) -> str:
     return (tmp_path / "worker-0.log").read_text()
 
@@ -112,12 +123,9 @@ def _wait_for_claim(ref: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.celery
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_redelivery_during_the_first_run_is_retried_then_answered(worker, tmp_path):
+@through_a_worker
+def test_a_redelivery_during_the_first_run_is_retried_then_answered(queue, tmp_path):
     owner = UserFactory()
-    queue = worker(*THREADS)
     intent = {"ref": "o-10", "owner_id": owner.pk, "quantity": 2, "seconds": 2}
     first = app.send_task(place_order.name, kwargs={**intent, "sent_at": "t0"}, queue=queue)
     _wait_for_claim("o-10")  # lease mode: the claim commits before the work starts
@@ -135,12 +143,9 @@ def test_a_redelivery_during_the_first_run_is_retried_then_answered(worker, tmp_
     assert "ERROR" not in log
 
 
-@pytest.mark.celery
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_duplicate_waiting_on_the_row_lock_is_retried_then_answered(worker, tmp_path):
+@through_a_worker
+def test_a_duplicate_waiting_on_the_row_lock_is_retried_then_answered(queue, tmp_path):
     owner = UserFactory()
-    queue = worker(*THREADS)
     intent = {"ref": "o-11", "owner_id": owner.pk, "quantity": 3, "seconds": 3}
     # Atomic mode: the first run's claim is not visible until it commits, so the
     # duplicate waits on the row lock (LOCK_TIMEOUT) and is then retried.
@@ -155,12 +160,9 @@ def test_a_duplicate_waiting_on_the_row_lock_is_retried_then_answered(worker, tm
     assert "ERROR" not in log
 
 
-@pytest.mark.celery
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_reused_key_fails_once_with_a_warning(worker, tmp_path):
+@through_a_worker
+def test_a_reused_key_fails_once_with_a_warning(queue, tmp_path):
     owner = UserFactory()
-    queue = worker(*THREADS)
     intent = {"ref": "o-12", "owner_id": owner.pk, "seconds": 0}
     first = app.send_task(place_order.name, kwargs={**intent, "quantity": 1}, queue=queue)
     assert first.get(timeout=60)["quantity"] == 1
@@ -179,12 +181,9 @@ def test_a_reused_key_fails_once_with_a_warning(worker, tmp_path):
     assert "Traceback" not in log
 
 
-@pytest.mark.celery
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_retries_stop_at_max_retries(worker, tmp_path):
+@through_a_worker
+def test_retries_stop_at_max_retries(queue, tmp_path):
     owner = UserFactory()
-    queue = worker(*THREADS)
     intent = {"ref": "o-13", "owner_id": owner.pk, "quantity": 1, "seconds": 5}
     sent = [
         app.send_task(place_order_impatiently.name, kwargs=intent, queue=queue) for _ in range(2)

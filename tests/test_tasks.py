@@ -21,14 +21,16 @@ def test_importing_idempotency_does_not_need_celery():
         "import sys; sys.modules['celery'] = None\n"  # as if Celery were not installed
         "import django; django.setup()\n"
         "import idempotency, idempotency.beat, idempotency.recovery, idempotency.retention\n"
-        "from idempotency import purge, recover_expired\n"
+        "from idempotency import idempotent_function, purge, recover_expired\n"
+        "from idempotency.functions import CallGuard\n"
         "from django.core.management import load_command_class\n"
         "load_command_class('idempotency', 'idempotency_cleanup')\n"
         "load_command_class('idempotency', 'idempotency_recover')\n"
-        "try:\n"
-        "    import idempotency.tasks\n"
-        "except ImportError:\n"
-        "    print('tasks need celery')\n"
+        "for module in ('idempotency.tasks', 'idempotency.celery'):\n"
+        "    try:\n"
+        "        __import__(module)\n"
+        "    except ImportError:\n"
+        "        print(module, 'needs celery')\n"
     )
     result = subprocess.run(
         python("-c", script),
@@ -38,7 +40,7 @@ def test_importing_idempotency_does_not_need_celery():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "tasks need celery\n"
+    assert result.stdout == "idempotency.tasks needs celery\nidempotency.celery needs celery\n"
 
 
 def test_beat_schedule_names_the_tasks():
