@@ -17,7 +17,7 @@ from idempotency.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from idempotency.celery import IdempotentTask
+    from idempotency.celery import IdempotentTask as IdempotentTask  # not in __all__
     from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
