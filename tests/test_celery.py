@@ -108,8 +108,13 @@ def queue(worker: Callable[..., str]) -> str:
     return worker("--pool=threads", "--concurrency=4")
 
 
-def _log(tmp_path: Path) -> str:
-    return (tmp_path / "worker-0.log").read_text()
+def _log(tmp_path: Path, *, until: str = "") -> str:
+    """The worker's log; with ``until``, once that line is in (Celery logs after storing)."""
+    deadline = time.monotonic() + 30
+    while until not in (log := (tmp_path / "worker-0.log").read_text()):
+        assert time.monotonic() < deadline, f"the worker never logged {until!r}"
+        time.sleep(0.05)
+    return log
 
 
 def _retries(log: str, task_id: str) -> int:
@@ -137,7 +142,7 @@ def test_a_redelivery_during_the_first_run_is_retried_then_answered(queue, tmp_p
     order = Order.objects.get()  # exactly one effect
     assert result == {"order": order.pk, "quantity": 2}
     assert order.sku == sku_for("o-10")
-    log = _log(tmp_path)
+    log = _log(tmp_path, until=f"[{again.id}] succeeded")
     assert _retries(log, again.id) >= 1
     assert _retries(log, first.id) == 0
     assert "ERROR" not in log
@@ -155,7 +160,8 @@ def test_a_duplicate_waiting_on_the_row_lock_is_retried_then_answered(queue, tmp
     order = Order.objects.get()
     assert results == [{"order": order.pk, "quantity": 3}] * 2
     assert IdempotencyRecord.objects.get().scope == f"user:{owner.pk}:orders"
-    log = _log(tmp_path)
+    for result in sent:
+        log = _log(tmp_path, until=f"[{result.id}] succeeded")
     assert sorted(_retries(log, result.id) > 0 for result in sent) == [False, True]
     assert "ERROR" not in log
 
@@ -171,11 +177,10 @@ def test_a_reused_key_fails_once_with_a_warning(queue, tmp_path):
     with pytest.raises(KeyReused):
         other.get(timeout=60)
     assert Order.objects.get().quantity == 1
-    log = _log(tmp_path)
+    log = _log(tmp_path, until=f"[{other.id}] raised expected: KeyReused")
     warnings = [line for line in log.splitlines() if "WARNING" in line]
     assert len(warnings) == 1, log
     assert "key_reused" in warnings[0]
-    assert f"[{other.id}] raised expected: KeyReused" in log
     assert _retries(log, other.id) == 0
     assert "ERROR" not in log
     assert "Traceback" not in log
@@ -195,5 +200,6 @@ def test_retries_stop_at_max_retries(queue, tmp_path):
     assert states == ["FAILURE", "SUCCESS"]
     failed = next(result for result in sent if result.state == "FAILURE")
     assert isinstance(failed.result, KeyInUse)
-    assert _retries(_log(tmp_path), failed.id) == 1  # max_retries=1
+    log = _log(tmp_path, until=f"[{failed.id}] raised unexpected: KeyInUse")
+    assert _retries(log, failed.id) == 1  # max_retries=1
     assert Order.objects.count() == 1
