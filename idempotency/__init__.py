@@ -17,6 +17,7 @@ from idempotency.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from idempotency.celery import IdempotentTask as IdempotentTask  # not in __all__
     from idempotency.core import Attempt, Operation, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import (
@@ -46,6 +47,7 @@ _LAZY = {
     "idempotent_function": "idempotency.functions",
     "IdempotencyAPIException": "idempotency.drf",
     "IdempotentBrowsableAPIRenderer": "idempotency.drf",
+    "IdempotentTask": "idempotency.celery",  # needs Celery: left out of __all__ (star imports)
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
     "IdempotencyOptions": "idempotency.http",

@@ -1,29 +1,41 @@
-"""``@idempotent_function``: the plain-Python entry point, for Celery tasks and consumers.
+"""``@idempotent_function``: the plain-Python entry point, for consumers and tasks.
 
 A message handler keyed by a stable event id runs its effect once; every
 redelivery returns the first run's (JSON) result without running again.
+``idempotency.celery.IdempotentTask`` applies the same ``CallGuard`` to Celery tasks.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency.conf import idempotency_settings
-from idempotency.core import Attempt, Mode, Operation, Outcome, StoredResponse, execute
+from idempotency.core import (
+    MODES,
+    Attempt,
+    Mode,
+    Operation,
+    Outcome,
+    StoredResponse,
+    execute,
+)
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 ArgsTo = Callable[..., str]
 
-_JSON_CONTENT_TYPE = ("Content-Type", "application/json")
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def idempotent_function(
@@ -31,6 +43,9 @@ def idempotent_function(
     scope: str | ArgsTo,
     key: ArgsTo,
     operation: str | None = None,
+    fingerprint: Callable[..., Any] | None = None,
+    fields: Collection[str] | None = None,
+    exclude: Collection[str] = (),
     mode: Mode | None = None,
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
@@ -39,8 +54,11 @@ def idempotent_function(
     """Run the decorated function once per (scope, key); repeats return the first result.
 
     ``key`` (and ``scope``, when callable) receive the function's arguments. The
-    fingerprint is the canonical form of the arguments: the same key with other
-    arguments raises ``KeyReused``; a repeat during the first run raises
+    fingerprint is the canonical form of the arguments, narrowed by ``fields`` or
+    ``exclude`` (argument names; for a function of one argument, the top-level
+    keys of the message it receives), or the canonical form of what
+    ``fingerprint(*args, **kwargs)`` returns. The same key with another
+    fingerprint raises ``KeyReused``; a repeat during the first run raises
     ``KeyInUse``. The result must be JSON-serialisable; repeats get it decoded
     from JSON (tuples come back as lists). An exception records nothing.
 
@@ -50,34 +68,117 @@ def idempotent_function(
     """
 
     def decorator(func: F) -> F:
-        name = operation or f"{func.__module__}.{func.__qualname__}"
-        if resolver is not None:
-            register(name, resolver)  # recovery finds it in any process that imports func
+        guard = CallGuard(
+            name=operation or f"{func.__module__}.{func.__qualname__}",
+            scope=scope,
+            key=key,
+            signature=inspect.signature(func),
+            fingerprint=fingerprint,
+            fields=fields,
+            exclude=exclude,
+            mode=mode,
+            lease_seconds=lease_seconds,
+            lock_timeout=lock_timeout,
+            resolver=resolver,
+        )
 
         @wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            call_key = str(key(*args, **kwargs))
-            validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
-            call = Operation(
-                scope=str(scope(*args, **kwargs) if callable(scope) else scope),
-                key=call_key,
-                request_hash=fingerprint([canonical({"args": list(args), "kwargs": kwargs})]),
-                name=name,
-                mode=mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-                lease_seconds=lease_seconds,
-                lock_timeout=lock_timeout,
-                resolver=resolver,
-            )
-            return execute(
-                call,
-                lambda attempt: func(*args, **kwargs),
-                decide=_record_result,
-                replay=_stored_result,
-            )
+            return guard.run(lambda: func(*args, **kwargs), args, kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+@dataclass(frozen=True)
+class CallGuard:
+    """One function's idempotency options, applied to each call of it."""
+
+    name: str
+    scope: str | ArgsTo
+    key: ArgsTo
+    signature: inspect.Signature
+    fingerprint: Callable[..., Any] | None = None
+    fields: Collection[str] | None = None
+    exclude: Collection[str] = ()
+    mode: Mode | None = None
+    lease_seconds: float | None = None
+    lock_timeout: float | None = None
+    resolver: ResolverSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
+        if self.fingerprint is not None and (self.fields is not None or self.exclude):
+            raise ValueError(f"{self.name}: give fingerprint, or fields/exclude, not both.")
+        allowed = _argument_names(self.signature)
+        for kind, names in (("fields", self.fields or ()), ("exclude", self.exclude)):
+            if isinstance(names, str):
+                raise ValueError(f"{self.name}: {kind} should be a list of names, not a string.")
+            unknown = sorted(set(names) - allowed) if allowed is not None else []
+            if unknown:
+                raise ValueError(
+                    f"{self.name}: {kind} should name its arguments, not {', '.join(unknown)}."
+                )
+        if self.resolver is not None:
+            register(self.name, self.resolver)  # recovery finds it in any process that imports it
+
+    def run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """Run ``work`` (the call of the guarded function with these arguments) at most once."""
+        call_key = str(self.key(*args, **kwargs))
+        validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
+        call = Operation(
+            scope=str(self.scope(*args, **kwargs) if callable(self.scope) else self.scope),
+            key=call_key,
+            request_hash=self.request_hash(args, kwargs),
+            name=self.name,
+            mode=self.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
+            lease_seconds=self.lease_seconds,
+            lock_timeout=self.lock_timeout,
+            resolver=self.resolver,
+        )
+        return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
+
+    def request_hash(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if self.fingerprint is not None:
+            return fingerprint([canonical(self.fingerprint(*args, **kwargs))])
+        if self.fields is None and not self.exclude:
+            return fingerprint([canonical({"args": list(args), "kwargs": kwargs})])
+        arguments = _named_arguments(self.signature, args, kwargs)
+        return fingerprint([canonical(arguments, include=self.fields, exclude=self.exclude)])
+
+
+def _message_parameter(signature: inspect.Signature) -> str | None:
+    """The parameter of a function of one message (an event dict), if it is one."""
+    parameters = list(signature.parameters.values())
+    if len(parameters) == 1 and parameters[0].kind not in _VARIADIC:
+        return parameters[0].name
+    return None
+
+
+def _argument_names(signature: inspect.Signature) -> set[str] | None:
+    """The names ``fields``/``exclude`` may use; ``None``: any (a message's keys, ``**kwargs``)."""
+    parameters = signature.parameters.values()
+    if _message_parameter(signature) or any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind is not p.VAR_POSITIONAL}
+
+
+def _named_arguments(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The call's arguments by name, however passed; a lone message is itself the data."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    message = _message_parameter(signature)
+    if message is not None:
+        return bound.arguments[message]
+    named = dict(bound.arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            named.update(named.pop(parameter.name))
+    return named
 
 
 def _record_result(value: Any, attempt: Attempt) -> Outcome:

@@ -17,7 +17,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 BROKER = os.environ.get("IDEMPOTENCY_TEST_BROKER", "redis://127.0.0.1:6379/9")
 QUEUE = os.environ.get("IDEMPOTENCY_TEST_QUEUE", "idempotency-tests")
 
-app = Celery("tests", broker=BROKER, backend=BROKER, include=["idempotency.tasks"])
+app = Celery(
+    "tests", broker=BROKER, backend=BROKER, include=["idempotency.tasks", "tests.testapp.tasks"]
+)
 app.conf.update(
     task_default_queue=QUEUE,
     result_expires=600,

@@ -14,6 +14,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from example_project.shop.models import Order, Payment
+from idempotency import KeyReused
 from idempotency.models import IdempotencyRecord, Status
 
 pytestmark = pytest.mark.django_db
@@ -490,4 +491,21 @@ def test_after_the_record_is_purged_the_payment_row_still_guards_the_trade(order
     assert changed.json()["detail"] == (
         "This trade was already recorded for another order or amount."
     )
+    assert Payment.objects.get().amount == Decimal("19.90")
+
+
+# --- payment events from a queue (example_project/shop/tasks.py) ----------------------
+
+
+def test_a_payment_event_delivered_again_is_recorded_once(order):
+    from example_project.shop.tasks import record_payment_event
+
+    event = {**_trade(order), "delivered_at": "2026-01-01T09:00:00Z"}
+    first = record_payment_event(event)
+    again = record_payment_event({**event, "delivered_at": "2026-01-01T09:05:00Z"})
+
+    assert first == again == {"order_id": order.pk, "status": "PAID"}
+    assert Payment.objects.count() == 1
+    with pytest.raises(KeyReused):
+        record_payment_event({**event, "amount": "1.00"})
     assert Payment.objects.get().amount == Decimal("19.90")

@@ -73,3 +73,89 @@ def test_invalid_event_id_is_rejected_before_anything_is_written():
         handle({"id": "has space"})
     assert not calls
     assert not IdempotencyRecord.objects.exists()
+
+
+@idempotent_function(
+    scope="consumer:payments", key=lambda event: event["id"], exclude=["delivered_at"]
+)
+def handle_payment(event: dict) -> int:
+    calls.append(event)
+    return len(calls)
+
+
+@idempotent_function(
+    scope="tasks:charge",
+    key=lambda order_id, *args, **kwargs: order_id,
+    fields=["order_id", "amount"],
+)
+def charge(order_id: str, amount: int, sent_at: str = "", attempt: int = 0) -> int:
+    calls.append({"order_id": order_id, "amount": amount})
+    return amount
+
+
+@idempotent_function(
+    scope="tasks:refund",
+    key=lambda refund_id, **options: refund_id,
+    fingerprint=lambda refund_id, **options: (refund_id, options["amount"]),
+)
+def refund(refund_id: str, **options: object) -> int:
+    calls.append({"refund_id": refund_id})
+    return len(calls)
+
+
+@idempotent_function(scope="tasks:notify", key=lambda user, **extra: user, exclude=["trace"])
+def notify(user: str, **extra: object) -> int:
+    calls.append({"user": user})
+    return len(calls)
+
+
+@pytest.mark.django_db
+def test_exclude_drops_a_message_field_from_the_fingerprint():
+    assert handle_payment({"id": "p1", "amount": 5, "delivered_at": "09:00"}) == 1
+    assert handle_payment({"id": "p1", "amount": 5, "delivered_at": "09:05"}) == 1
+    with pytest.raises(KeyReused):
+        handle_payment({"id": "p1", "amount": 6, "delivered_at": "09:00"})
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_fields_name_arguments_however_they_are_passed():
+    assert charge("o1", 5, "09:00") == 5
+    assert charge(order_id="o1", amount=5, sent_at="09:05", attempt=2) == 5
+    with pytest.raises(KeyReused):
+        charge("o1", 6)
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_a_fingerprint_function_decides_what_counts():
+    assert refund("r1", amount=5, note="first") == 1
+    assert refund("r1", amount=5, note="again") == 1
+    with pytest.raises(KeyReused):
+        refund("r1", amount=7)
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_exclude_names_keyword_arguments_collected_by_kwargs():
+    assert notify("u1", text="hi", trace="a") == 1
+    assert notify("u1", text="hi", trace="b") == 1
+    with pytest.raises(KeyReused):
+        notify("u1", text="bye", trace="a")
+
+
+def test_fields_must_name_arguments():
+    with pytest.raises(ValueError, match=r"fields should name its arguments, not amout"):
+        idempotent_function(scope="s", key=lambda a, b: a, fields=["amout"])(lambda a, b: None)
+
+
+def test_fields_must_be_a_list_of_names():
+    with pytest.raises(ValueError, match="exclude should be a list of names, not a string"):
+        idempotent_function(scope="s", key=lambda e: e, exclude="sent_at")(lambda e: None)
+
+
+def test_fingerprint_and_fields_do_not_mix():
+    with pytest.raises(ValueError, match="give fingerprint, or fields/exclude, not both"):
+        idempotent_function(scope="s", key=lambda e: e, fingerprint=lambda e: e, fields=["id"])(
+            lambda e: None
+        )

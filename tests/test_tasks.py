@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +11,9 @@ import pytest
 from idempotency.beat import IDEMPOTENCY_BEAT_SCHEDULE, PURGE_TASK, RECOVER_TASK, beat_schedule
 from idempotency.models import IdempotencyRecord, Status
 from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.processes import process_env, python, start, stop
+from tests.processes import process_env, python
 from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
-
-BROKER = "redis://127.0.0.1:6379/9"
 
 
 def test_importing_idempotency_does_not_need_celery():
@@ -26,14 +21,16 @@ def test_importing_idempotency_does_not_need_celery():
         "import sys; sys.modules['celery'] = None\n"  # as if Celery were not installed
         "import django; django.setup()\n"
         "import idempotency, idempotency.beat, idempotency.recovery, idempotency.retention\n"
-        "from idempotency import purge, recover_expired\n"
+        "from idempotency import idempotent_function, purge, recover_expired\n"
+        "from idempotency.functions import CallGuard\n"
         "from django.core.management import load_command_class\n"
         "load_command_class('idempotency', 'idempotency_cleanup')\n"
         "load_command_class('idempotency', 'idempotency_recover')\n"
-        "try:\n"
-        "    import idempotency.tasks\n"
-        "except ImportError:\n"
-        "    print('tasks need celery')\n"
+        "for module in ('idempotency.tasks', 'idempotency.celery'):\n"
+        "    try:\n"
+        "        __import__(module)\n"
+        "    except ImportError:\n"
+        "        print(module, 'needs celery')\n"
     )
     result = subprocess.run(
         python("-c", script),
@@ -43,7 +40,7 @@ def test_importing_idempotency_does_not_need_celery():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "tasks need celery\n"
+    assert result.stdout == "idempotency.tasks needs celery\nidempotency.celery needs celery\n"
 
 
 def test_beat_schedule_names_the_tasks():
@@ -71,42 +68,6 @@ def test_tasks_call_the_services():
     report = recover_expired_leases.run()
     assert report["needs_review"] == 1
     assert purge_expired_records.run(batch_size=10) == 1
-
-
-@pytest.fixture
-def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """Start ``celery worker`` against this test's database, on a queue of its own."""
-    started: list[tuple[subprocess.Popen, Path]] = []
-
-    def launch(*extra: str, **env: str) -> str:
-        queue = f"idempotency-tests-{uuid.uuid4().hex[:8]}"
-        log = tmp_path / f"worker-{len(started)}.log"
-        command = python(
-            "-m",
-            "celery",
-            "-A",
-            "tests.celery_app",
-            "worker",
-            "--pool=solo",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=INFO",
-            f"--hostname={queue}@%h",
-            "-Q",
-            queue,
-            *extra,
-        )
-        environment = process_env(
-            IDEMPOTENCY_TEST_BROKER=BROKER, IDEMPOTENCY_TEST_QUEUE=queue, **env
-        )
-        started.append((start(command, environment, log=log), log))
-        return queue
-
-    yield launch
-    for process, log in started:
-        stop(process)
-        print(log.read_text())  # shown by pytest when the test failed
 
 
 def send(task: str, queue: str, **kwargs: Any) -> Any:

@@ -1,0 +1,205 @@
+"""``IdempotentTask``: in process on any database, and through a real worker on Redis."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from django.core.exceptions import ImproperlyConfigured
+
+from idempotency import KeyInUse, KeyReused
+from idempotency.celery import IdempotentTask
+from idempotency.models import IdempotencyRecord, Status
+from tests.celery_app import app
+from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.testapp.lease_views import sku_for
+from tests.testapp.models import Order
+from tests.testapp.tasks import place_order, place_order_atomic, place_order_impatiently
+
+
+@pytest.mark.django_db
+def test_a_repeated_task_returns_the_first_result():
+    owner = UserFactory()
+    first = place_order(ref="o-1", owner_id=owner.pk, quantity=2, sent_at="t0")
+    again = place_order(ref="o-1", owner_id=owner.pk, quantity=2, sent_at="t1")
+    assert first == again == {"order": Order.objects.get().pk, "quantity": 2}
+    record = IdempotencyRecord.objects.get()
+    assert (record.scope, record.operation, record.status) == (
+        place_order.name,  # the task's name is its operation and, by default, its scope
+        place_order.name,
+        Status.SUCCEEDED,
+    )
+
+
+@pytest.mark.django_db
+def test_a_bound_task_keys_on_its_arguments_not_on_itself():
+    owner = UserFactory()
+    first = place_order_impatiently.apply(
+        kwargs={"ref": "o-2", "owner_id": owner.pk, "quantity": 1}
+    )
+    again = place_order_impatiently.apply(
+        kwargs={"ref": "o-2", "owner_id": owner.pk, "quantity": 1}
+    )
+    assert (
+        first.get() == again.get() == {"order": Order.objects.get().pk, "quantity": 1, "retries": 0}
+    )
+
+
+@pytest.mark.django_db
+def test_a_reused_key_fails_without_retrying():
+    owner = UserFactory()
+    place_order_atomic.apply(kwargs={"ref": "o-3", "owner_id": owner.pk, "quantity": 1})
+    other = place_order_atomic.apply(kwargs={"ref": "o-3", "owner_id": owner.pk, "quantity": 5})
+    assert other.state == "FAILURE"
+    assert isinstance(other.result, KeyReused)
+    assert Order.objects.get().quantity == 1
+
+
+@pytest.mark.django_db
+def test_a_key_in_use_is_retried_at_most_max_retries_times():
+    owner = UserFactory()
+    kwargs = {"ref": "o-4", "owner_id": owner.pk, "quantity": 1}
+    IdempotencyRecordFactory(
+        in_flight=True,  # another worker runs it under a live lease
+        scope=place_order.name,
+        operation=place_order.name,
+        idem_key="o-4",
+        request_hash=place_order._idempotency.request_hash((), kwargs),
+    )
+    result = place_order.apply(kwargs=kwargs)  # eager retries run at once
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, KeyInUse)
+    assert not Order.objects.exists()
+
+
+def test_expected_failures_keep_the_reused_key():
+    class Strict(IdempotentTask):
+        throws = (LookupError,)
+
+    assert Strict.throws == (LookupError, KeyReused)
+    assert IdempotentTask.throws == (KeyReused,)
+
+
+def test_a_task_without_a_key_function_fails_when_the_worker_loads_it():
+    def keyless() -> None: ...
+
+    bare = Celery("bare", set_as_current=False)
+    bare.task(base=IdempotentTask, name="tests.keyless")(keyless)
+    with pytest.raises(ImproperlyConfigured, match="tests.keyless.*idempotency_key="):
+        bare.finalize()
+
+
+# -- a real worker on Redis, against the PostgreSQL test database -------------------------
+
+
+def through_a_worker(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in (pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)):
+        test = mark(test)
+    return test
+
+
+@pytest.fixture
+def queue(worker: Callable[..., str]) -> str:
+    """A worker's queue; its threads run a duplicate beside the first run."""
+    return worker("--pool=threads", "--concurrency=4")
+
+
+def _log(tmp_path: Path, *, until: str = "") -> str:
+    """The worker's log; with ``until``, once that line is in (Celery logs after storing)."""
+    deadline = time.monotonic() + 30
+    while until not in (log := (tmp_path / "worker-0.log").read_text()):
+        assert time.monotonic() < deadline, f"the worker never logged {until!r}"
+        time.sleep(0.05)
+    return log
+
+
+def _retries(log: str, task_id: str) -> int:
+    return len(re.findall(rf"\[{task_id}\] retry: Retry in \d+s: KeyInUse", log))
+
+
+def _wait_for_claim(ref: str) -> None:
+    deadline = time.monotonic() + 30
+    while not IdempotencyRecord.objects.filter(idem_key=ref).exists():
+        assert time.monotonic() < deadline, "the first run never claimed its key"
+        time.sleep(0.05)
+
+
+@through_a_worker
+def test_a_redelivery_during_the_first_run_is_retried_then_answered(queue, tmp_path):
+    owner = UserFactory()
+    intent = {"ref": "o-10", "owner_id": owner.pk, "quantity": 2, "seconds": 2}
+    first = app.send_task(place_order.name, kwargs={**intent, "sent_at": "t0"}, queue=queue)
+    _wait_for_claim("o-10")  # lease mode: the claim commits before the work starts
+    # Delivered again while the first run holds the key; only its metadata differs.
+    again = app.send_task(place_order.name, kwargs={**intent, "sent_at": "t1"}, queue=queue)
+
+    result = first.get(timeout=60)
+    assert again.get(timeout=60) == result
+    order = Order.objects.get()  # exactly one effect
+    assert result == {"order": order.pk, "quantity": 2}
+    assert order.sku == sku_for("o-10")
+    log = _log(tmp_path, until=f"[{again.id}] succeeded")
+    assert _retries(log, again.id) >= 1
+    assert _retries(log, first.id) == 0
+    assert "ERROR" not in log
+
+
+@through_a_worker
+def test_a_duplicate_waiting_on_the_row_lock_is_retried_then_answered(queue, tmp_path):
+    owner = UserFactory()
+    intent = {"ref": "o-11", "owner_id": owner.pk, "quantity": 3, "seconds": 3}
+    # Atomic mode: the first run's claim is not visible until it commits, so the
+    # duplicate waits on the row lock (LOCK_TIMEOUT) and is then retried.
+    sent = [app.send_task(place_order_atomic.name, kwargs=intent, queue=queue) for _ in range(2)]
+
+    results = [result.get(timeout=60) for result in sent]
+    order = Order.objects.get()
+    assert results == [{"order": order.pk, "quantity": 3}] * 2
+    assert IdempotencyRecord.objects.get().scope == f"user:{owner.pk}:orders"
+    for result in sent:
+        log = _log(tmp_path, until=f"[{result.id}] succeeded")
+    assert sorted(_retries(log, result.id) > 0 for result in sent) == [False, True]
+    assert "ERROR" not in log
+
+
+@through_a_worker
+def test_a_reused_key_fails_once_with_a_warning(queue, tmp_path):
+    owner = UserFactory()
+    intent = {"ref": "o-12", "owner_id": owner.pk, "seconds": 0}
+    first = app.send_task(place_order.name, kwargs={**intent, "quantity": 1}, queue=queue)
+    assert first.get(timeout=60)["quantity"] == 1
+    other = app.send_task(place_order.name, kwargs={**intent, "quantity": 9}, queue=queue)
+
+    with pytest.raises(KeyReused):
+        other.get(timeout=60)
+    assert Order.objects.get().quantity == 1
+    log = _log(tmp_path, until=f"[{other.id}] raised expected: KeyReused")
+    warnings = [line for line in log.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, log
+    assert "key_reused" in warnings[0]
+    assert _retries(log, other.id) == 0
+    assert "ERROR" not in log
+    assert "Traceback" not in log
+
+
+@through_a_worker
+def test_retries_stop_at_max_retries(queue, tmp_path):
+    owner = UserFactory()
+    intent = {"ref": "o-13", "owner_id": owner.pk, "quantity": 1, "seconds": 5}
+    sent = [
+        app.send_task(place_order_impatiently.name, kwargs=intent, queue=queue) for _ in range(2)
+    ]
+
+    for result in sent:
+        result.get(timeout=60, propagate=False)
+    states = sorted(result.state for result in sent)
+    assert states == ["FAILURE", "SUCCESS"]
+    failed = next(result for result in sent if result.state == "FAILURE")
+    assert isinstance(failed.result, KeyInUse)
+    log = _log(tmp_path, until=f"[{failed.id}] raised unexpected: KeyInUse")
+    assert _retries(log, failed.id) == 1  # max_retries=1
+    assert Order.objects.count() == 1

@@ -1,0 +1,63 @@
+"""Idempotent Celery tasks for tests/test_celery.py.
+
+The effect is an ``Order`` whose ``sku`` carries the key; ``seconds`` keeps the
+first run busy so that a duplicate arrives while it holds the key.
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from idempotency.celery import IdempotentTask
+
+from .lease_views import sku_for
+from .models import Order
+
+LEASE_SECONDS = 5
+
+
+def _place(ref: str, owner_id: int, quantity: int, seconds: float) -> dict[str, int]:
+    time.sleep(seconds)
+    order = Order.objects.create(owner_id=owner_id, sku=sku_for(ref), quantity=quantity)
+    return {"order": order.pk, "quantity": quantity}
+
+
+@shared_task(
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    idempotency_exclude=["sent_at"],  # delivery metadata: not part of the intent
+    idempotency_mode="lease",
+    idempotency_lease_seconds=LEASE_SECONDS,
+    max_retries=10,
+)
+def place_order(
+    ref: str, owner_id: int, quantity: int, seconds: float = 0, sent_at: str = ""
+) -> dict[str, int]:
+    return _place(ref, owner_id, quantity, seconds)
+
+
+@shared_task(
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    idempotency_scope=lambda ref, owner_id, **_: f"user:{owner_id}:orders",
+    max_retries=10,
+)
+def place_order_atomic(
+    ref: str, owner_id: int, quantity: int, seconds: float = 0
+) -> dict[str, int]:
+    return _place(ref, owner_id, quantity, seconds)
+
+
+@shared_task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    idempotency_lock_timeout=0.5,
+    max_retries=1,
+)
+def place_order_impatiently(
+    self: IdempotentTask, ref: str, owner_id: int, quantity: int, seconds: float = 0
+) -> dict[str, int]:
+    return {**_place(ref, owner_id, quantity, seconds), "retries": self.request.retries}
