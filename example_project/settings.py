@@ -23,6 +23,10 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # MariaDB/MySQL: full Unicode (Django 4.2 connects as 3-byte "utf8"); Django's default
+    # isolation level, READ COMMITTED, is kept (docs/databases.md).
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
