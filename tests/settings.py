@@ -58,8 +58,13 @@ if os.environ.get("PREPARED_STATEMENTS"):
     # every statement at once, Django's and this app's (see docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
-    # Full Unicode, and Django's default isolation level said out loud (docs/databases.md).
-    DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4", "isolation_level": "read committed"}
+    # Full Unicode, the session clock in UTC like the stored datetimes, and Django's
+    # default isolation level said out loud (docs/databases.md).
+    DATABASES["default"]["OPTIONS"] = {
+        "charset": "utf8mb4",
+        "init_command": "SET time_zone = '+00:00'",
+        "isolation_level": "read committed",
+    }
     DATABASES["default"].setdefault("TEST", {}).update(
         CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci"
     )

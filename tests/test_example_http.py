@@ -358,7 +358,7 @@ def test_two_users_with_the_same_key_get_their_own_orders(server):
 
 def test_concurrent_duplicates_create_exactly_one_order(server):
     replies = _in_parallel(
-        20, lambda: server.create_order({"sku": "http-race", "quantity": 1}, key="http-race")
+        24, lambda: server.create_order({"sku": "http-race", "quantity": 1}, key="http-race")
     )
 
     statuses = sorted(reply.status for reply in replies)
