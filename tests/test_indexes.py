@@ -13,7 +13,7 @@ from django.db import connection, models, transaction
 from idempotency.indexes import PartialIndex
 from idempotency.models import IdempotencyRecord
 from idempotency.recovery import expired_batch
-from idempotency.retention import batch, purgeable
+from idempotency.retention import batch, purge, purgeable
 
 pytestmark = pytest.mark.django_db
 
@@ -117,6 +117,11 @@ class TestQueryPlansOnMariaDB:
         plan = self.plan(batch(purgeable(), 1000).values_list("pk", flat=True))
         assert " range " in plan and " idempotency_expires_idx " in plan, plan
         assert purgeable().count() == BULK_ROWS // 100
+
+    def test_purge_takes_the_expired_rows_in_batches_and_nothing_else(self, many_rows):
+        assert purge(batch_size=300) == BULK_ROWS // 100
+        assert IdempotencyRecord.objects.count() == BULK_ROWS - BULK_ROWS // 100
+        assert not purgeable().exists()
 
     def test_purge_older_than_reads_the_status_index(self, many_rows):
         records = purgeable(older_than=timedelta(days=7))

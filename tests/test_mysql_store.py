@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -104,7 +105,7 @@ class TestOnMariaDB:
         assert seen == [7]
         assert session_lock_wait() == 7
 
-    def test_the_lock_wait_is_put_back_after_a_duplicate_gave_up(self):
+    def test_a_duplicate_gives_up_after_the_bound_rounded_up_and_puts_it_back(self):
         held, release = threading.Event(), threading.Event()
 
         def first(attempt: Attempt) -> str:
@@ -118,9 +119,12 @@ class TestOnMariaDB:
             assert held.wait(JOIN_TIMEOUT)
             with connection.cursor() as cursor:
                 cursor.execute("SET SESSION innodb_lock_wait_timeout = 9")
+            started = time.monotonic()
             with pytest.raises(KeyInUse):
-                run(operation(lock_timeout=1))
+                run(operation(lock_timeout=0.4))  # InnoDB waits whole seconds: one
+            waited = time.monotonic() - started
             assert session_lock_wait() == 9
+            assert 0.9 <= waited < 4, waited  # the bound, plus a loaded machine's slack
         finally:
             release.set()
             owner.join(JOIN_TIMEOUT)
