@@ -1,18 +1,23 @@
-"""MySQL 8 and MariaDB 10.6+ (InnoDB): the claim without the shared-lock deadlock.
+"""MySQL 8 and MariaDB 10.6+ (InnoDB): a claim in which duplicates queue and never deadlock.
 
-A plain ``INSERT IGNORE`` of a taken key leaves the duplicate holding a
-*shared* lock on the winner's row; two duplicates that then ``SELECT ... FOR
-UPDATE`` both want to upgrade it, and InnoDB kills one as a deadlock (1213).
-``INSERT ... ON DUPLICATE KEY UPDATE`` takes the row's *exclusive* lock at
-once: duplicates queue for it one behind the other, and the lock that follows
-is one the transaction already holds.
+The ORM's claim (``INSERT IGNORE``, then ``SELECT ... FOR UPDATE``) deadlocks
+on InnoDB: an ignored duplicate keeps a *shared* lock on the winner's row, two
+duplicates then both ask to upgrade it, and InnoDB kills one (1213). And an
+insert that waits in InnoDB's duplicate-key check holds a *gap* lock: when the
+first attempt rolls back, the inserts queued behind it deadlock on each other's.
+
+So a duplicate queues on the row with a locking read (a record lock only, at
+READ COMMITTED), and first requests for a free key take turns to insert it
+under a named lock per key, held for the insert only: no insert ever waits in
+a duplicate-key check. The insert is ``ON DUPLICATE KEY UPDATE`` (an exclusive
+lock) for writers that do not take the turn.
 
 The wait is bounded by ``innodb_lock_wait_timeout`` (whole seconds), set for
 the claim and put back afterwards; past it the statement fails with 1205 and
-the duplicate answers 409. A deadlock that still happens (a rolled-back first
-attempt with several duplicates queued behind it) is 1213, after which InnoDB
-has rolled back the whole transaction: ``core`` claims again in a new one
-where it opened the transaction, and answers 409 inside the caller's.
+the duplicate answers 409. A deadlock that still happens (at REPEATABLE READ,
+whose locking reads lock gaps too) is 1213, after which InnoDB has rolled back
+the whole transaction: ``core`` claims again in a new one where it opened the
+transaction, and answers 409 inside the caller's.
 
 There is no one-statement claim (every claim takes the locked path), and
 purge selects a batch's ids before deleting them: MySQL cannot delete from a
