@@ -19,9 +19,9 @@ whose locking reads lock gaps too) is 1213, after which InnoDB has rolled back
 the whole transaction: ``core`` claims again in a new one where it opened the
 transaction, and answers 409 inside the caller's.
 
-There is no one-statement claim (every claim takes the locked path), and
-purge selects a batch's ids before deleting them: MySQL cannot delete from a
-table with a ``LIMIT`` subquery on the same table.
+There is no one-statement claim (every claim takes the locked path). Purge is
+``GenericStore``'s: it selects a batch's ids before deleting them, as MySQL
+cannot delete from a table with a ``LIMIT`` subquery on the same table.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 
 from django.db import DatabaseError, OperationalError
 
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
-from idempotency.stores.base import Contention
+from idempotency.models import IdempotencyRecord
+from idempotency.stores.base import Candidate, Contention
 from idempotency.stores.generic import GenericStore
 
 # Server error codes: the lock wait ran past innodb_lock_wait_timeout (or NOWAIT
@@ -49,11 +49,11 @@ _RETRY = frozenset({1213})
 
 class MySQLStore(GenericStore):
     def claim(
-        self, candidate: IdempotencyRecord, *, lease: timedelta | None, lock_timeout: float
+        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
     ) -> IdempotencyRecord | None:
         return None  # the locked path is the claim
 
-    def insert_or_lock(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
+    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         # A duplicate of a key already held queues on the row with a record lock
         # only (READ COMMITTED locks no gap for an equality read of a unique key).
         held = self._holding(candidate)
@@ -66,20 +66,21 @@ class MySQLStore(GenericStore):
             held = self._holding(candidate)
             if held is not None:
                 return held
+            record = candidate.instance()
             params = [
-                field.get_db_prep_save(field.pre_save(candidate, add=True), self.connection)
+                field.get_db_prep_save(field.pre_save(record, add=True), self.connection)
                 for field in self._inserted
             ]
             with self.connection.cursor() as cursor:
                 cursor.execute(self._insert_sql, params)
             return self._holding(candidate)
 
-    def _holding(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
+    def _holding(self, candidate: Candidate) -> IdempotencyRecord | None:
         """The row holding ``candidate``'s key, locked, or ``None``."""
         return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
 
     @contextmanager
-    def _turn_to_insert(self, candidate: IdempotencyRecord) -> Iterator[None]:
+    def _turn_to_insert(self, candidate: Candidate) -> Iterator[None]:
         """A named lock per key, held only while inserting (not until the commit).
 
         Waits as long as a row lock may (``bounded_lock_wait``); a named lock
@@ -125,14 +126,6 @@ class MySQLStore(GenericStore):
         if code in _BUSY:
             return "busy"
         return "retry" if code in _RETRY else None
-
-    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
-        """Lock the batch's rows (skipping held ones), then delete them by primary key."""
-        rows = list(batch.values_list("pk", ordering))
-        if not rows:
-            return 0, None
-        deleted, _ = self.records().filter(pk__in=[pk for pk, _ in rows]).delete()
-        return deleted, rows[-1][1]  # the batch is in purge order: the last is the largest
 
     # Composed once per alias.
 
