@@ -4,7 +4,7 @@
 example:
 	bash scripts/example.sh
 
-# The full suite: ruff, mypy, all tests on SQLite and on PostgreSQL.
+# The full suite: ruff, mypy, all tests on SQLite, PostgreSQL and MariaDB.
 test:
 	bash scripts/test.sh
 

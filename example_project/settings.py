@@ -23,6 +23,13 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # MariaDB/MySQL: full Unicode (Django 4.2 connects as 3-byte "utf8"), the session clock
+    # in UTC like the datetimes Django stores; Django's default isolation level, READ
+    # COMMITTED, is kept (docs/databases.md).
+    options = DATABASES["default"].setdefault("OPTIONS", {})
+    options.setdefault("charset", "utf8mb4")
+    options.setdefault("init_command", "SET time_zone = '+00:00'")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Run the example project: install, migrate, add the demo user, serve on http://127.0.0.1:8000/ (SQLite by default).
+# Run the example project: install, migrate, add the demo user, serve on http://127.0.0.1:8000/.
+# SQLite by default; DATABASE_URL=postgres://... or mysql://... for a server (a mysql:// URL
+# first installs the Debian packages mysqlclient builds against, then the `mysql` extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+case "${DATABASE_URL:-}" in
+  mysql://* | mysql2://* | mysqlgis://*)
+    bash scripts/system-deps.sh mysql
+    EXTRAS=dev,mysql bash scripts/bootstrap.sh
+    ;;
+  *) bash scripts/bootstrap.sh ;;
+esac
 .venv/bin/python manage.py migrate --noinput
 # The demo user of the README's curl examples (alice / alice), made once.
 .venv/bin/python manage.py shell -c "

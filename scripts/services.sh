@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make sure PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) answer; start them if
-# they are installed but down. Exits non-zero, loudly, when one cannot be reached: the
+# Make sure PostgreSQL (127.0.0.1:5432), MariaDB (127.0.0.1:3306) and Redis (127.0.0.1:6379)
+# answer; start them if they are installed but down. Exits non-zero, loudly, when one cannot be reached: the
 # suites that need them must fail, never skip.
 set -u
 
@@ -27,6 +27,32 @@ ensure_postgres() {
   wait_for PostgreSQL 5432
 }
 
+ensure_mariadb() {
+  if ! port_open 3306; then
+    echo "MariaDB is down; starting it" >&2
+    if [ -x /usr/sbin/mariadbd ]; then
+      mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null
+      start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+    fi
+    wait_for MariaDB 3306 || return 1
+  fi
+  load_mariadb_time_zones
+}
+
+# Django converts datetimes to the current time zone in SQL (CONVERT_TZ: date_hierarchy,
+# Trunc*): MariaDB needs its time zone tables for that, and ships them empty.
+load_mariadb_time_zones() {
+  local sql=(mariadb --user=root --host=127.0.0.1 --port=3306 --batch --skip-column-names)
+  local zones
+  if ! zones=$("${sql[@]}" -e "SELECT COUNT(*) FROM mysql.time_zone_name"); then
+    echo "ERROR: MariaDB answers on 127.0.0.1:3306 but root cannot log in" >&2
+    return 1
+  fi
+  [ "$zones" != 0 ] && return 0
+  echo "Loading MariaDB's time zone tables" >&2
+  mariadb-tzinfo-to-sql /usr/share/zoneinfo 2>/dev/null | "${sql[@]}" mysql
+}
+
 ensure_redis() {
   port_open 6379 && return 0
   echo "Redis is down; starting it" >&2
@@ -43,6 +69,7 @@ for service in "${@:-postgres redis}"; do
   for name in $service; do
     case "$name" in
       postgres) ensure_postgres || status=1 ;;
+      mariadb) ensure_mariadb || status=1 ;;
       redis) ensure_redis || status=1 ;;
       *) echo "unknown service $name" >&2; status=1 ;;
     esac

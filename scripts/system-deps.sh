@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
-# Debian packages the browser test needs: Chromium and its driver (browser downloads by
-# test tools do not work on these machines, so we use the distribution's build).
+# Debian packages the full suite needs, installed when missing:
+#   browser: Chromium and its driver for the browser test (browser downloads by test tools
+#            do not work on these machines, so we use the distribution's build);
+#   mysql:   the MariaDB client library and pkg-config, which mysqlclient (the `mysql`
+#            extra) is built against.
+# Usage: system-deps.sh [browser] [mysql]   (no argument: both)
 set -euo pipefail
-if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+missing=()
+for need in "${@:-browser mysql}"; do
+  for name in $need; do
+    case "$name" in
+      browser)
+        [ -x /usr/bin/chromium ] || missing+=(chromium)
+        [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+        ;;
+      mysql)
+        dpkg -s libmariadb-dev >/dev/null 2>&1 || missing+=(libmariadb-dev)
+        command -v pkg-config >/dev/null || missing+=(pkg-config)
+        ;;
+      *) echo "unknown system dependency group $name" >&2; exit 2 ;;
+    esac
+  done
+done
+if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -10,6 +30,6 @@ if [ "$(id -u)" -ne 0 ]; then
 else
   SUDO=
 fi
-echo "Installing chromium and chromium-driver (Debian packages) for the browser test" >&2
+echo "Installing Debian packages: ${missing[*]}" >&2
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null

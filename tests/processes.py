@@ -15,16 +15,20 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def database_url() -> str:
-    """The URL of the database this test uses (the test database), for another process."""
+SCHEMES = {"postgresql": ("postgres", 5432), "mysql": ("mysql", 3306)}
+
+
+def database_url(name: str | None = None) -> str:
+    """The URL of the test database (or of database ``name`` on its server), for another process."""
     settings = connection.settings_dict
-    assert connection.vendor == "postgresql", "processes share the database only on PostgreSQL"
+    assert connection.vendor in SCHEMES, "processes share a database on PostgreSQL or MariaDB"
+    scheme, default_port = SCHEMES[connection.vendor]
     credentials = quote(settings["USER"] or "")
     if settings["PASSWORD"]:
         credentials += ":" + quote(settings["PASSWORD"])
     host = settings["HOST"] or "127.0.0.1"
-    port = settings["PORT"] or 5432
-    return f"postgres://{credentials}@{host}:{port}/{quote(settings['NAME'])}"
+    port = settings["PORT"] or default_port
+    return f"{scheme}://{credentials}@{host}:{port}/{quote(name or settings['NAME'])}"
 
 
 def process_env(*, database: bool = True, **extra: str) -> dict[str, str]:

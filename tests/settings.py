@@ -1,4 +1,4 @@
-"""Test settings: SQLite by default, PostgreSQL when DATABASE_URL points at it."""
+"""Test settings: SQLite by default, PostgreSQL or MariaDB/MySQL when DATABASE_URL points at it."""
 
 import os
 
@@ -58,6 +58,17 @@ if os.environ.get("PREPARED_STATEMENTS"):
     # The suite's second PostgreSQL run: psycopg 3 binds server-side and prepares
     # every statement at once, Django's and this app's (see docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # Full Unicode, the session clock in UTC like the stored datetimes, and Django's
+    # default isolation level said out loud (docs/databases.md).
+    DATABASES["default"]["OPTIONS"] = {
+        "charset": "utf8mb4",
+        "init_command": "SET time_zone = '+00:00'",
+        "isolation_level": "read committed",
+    }
+    DATABASES["default"].setdefault("TEST", {}).update(
+        CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci"
+    )
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -172,7 +172,7 @@ class TestByHand:
         assert "Traceback" not in result.stderr
         assert "error" in result.stderr.lower()
 
-    @pytest.mark.postgres
+    @pytest.mark.server_db
     @pytest.mark.django_db(transaction=True)
     def test_against_the_database(self):
         expired(3)

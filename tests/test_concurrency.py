@@ -20,7 +20,7 @@ from tests.factories import UserFactory
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 THREADS = 24
 JOIN_TIMEOUT = 30.0

@@ -169,7 +169,7 @@ class TestGenerate:
             generate(Overtaken(), 1, renew_every=0.01)  # type: ignore[arg-type]
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_gunicorn_worker_killed_mid_report_is_recovered_with_one_report(tmp_path):
     """A real server: the worker dies mid-work; recovery releases the key; the retry runs once."""

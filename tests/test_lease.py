@@ -315,7 +315,7 @@ class TestResolverLookup:
         assert resolver_for("tests.registered") is unknown_resolver
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestConcurrency:
     def test_stale_owner_cannot_overwrite_after_a_takeover(self, alice):

@@ -253,7 +253,7 @@ class TestRecoverExpired:
         assert report.examined == 3
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestParallelWorkers:
     def test_two_workers_never_take_the_same_record(self):
@@ -290,7 +290,7 @@ class TestParallelWorkers:
         assert sum(r.skipped for r in reports) == 0
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestKilledProcess:
     """A process killed (SIGKILL) in the middle of lease-mode work; recovery settles it."""

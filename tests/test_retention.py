@@ -188,7 +188,7 @@ class TestPurge:
             purge(batch_size=-5)
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestPurgeWithOtherConnections:
     def test_each_batch_is_committed_on_its_own(self):

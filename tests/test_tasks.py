@@ -77,7 +77,7 @@ def send(task: str, queue: str, **kwargs: Any) -> Any:
 
 
 @pytest.mark.celery
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_tasks_through_a_real_worker(worker):
     owner = UserFactory()
@@ -104,7 +104,7 @@ def test_tasks_through_a_real_worker(worker):
 
 
 @pytest.mark.celery
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_beat_runs_recovery_on_schedule(worker, tmp_path):
     owner = UserFactory()

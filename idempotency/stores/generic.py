@@ -89,8 +89,16 @@ class GenericStore(Store):
         return bool(deleted)
 
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
-        deleted, _ = self.records().filter(pk__in=batch.values("pk")).delete()
-        return deleted, None
+        if self.connection.features.allow_sliced_subqueries_with_in:
+            deleted, _ = self.records().filter(pk__in=batch.values("pk")).delete()
+            return deleted, None
+        # MySQL and MariaDB take no LIMIT in an IN subquery: lock the batch's rows
+        # first (skipping held ones), then delete them by primary key.
+        rows = list(batch.values_list("pk", ordering))
+        if not rows:
+            return 0, None
+        deleted, _ = self.records().filter(pk__in=[pk for pk, _ in rows]).delete()
+        return deleted, rows[-1][1]  # the batch is in purge order: the last is the largest
 
     # For subclasses: the querysets the statements above are made of.
 

@@ -1,0 +1,152 @@
+"""MySQL 8 and MariaDB 10.6+ (InnoDB): a claim in which duplicates queue and never deadlock.
+
+The ORM's claim (``INSERT IGNORE``, then ``SELECT ... FOR UPDATE``) deadlocks
+on InnoDB: an ignored duplicate keeps a *shared* lock on the winner's row, two
+duplicates then both ask to upgrade it, and InnoDB kills one (1213). And an
+insert that waits in InnoDB's duplicate-key check holds a *gap* lock: when the
+first attempt rolls back, the inserts queued behind it deadlock on each other's.
+
+So a duplicate queues on the row with a locking read (a record lock only, at
+READ COMMITTED), and first requests for a free key take turns to insert it
+under a named lock per key, held for the insert only: no insert ever waits in
+a duplicate-key check. The insert is ``ON DUPLICATE KEY UPDATE`` (an exclusive
+lock) for writers that do not take the turn.
+
+The wait is bounded by ``innodb_lock_wait_timeout`` (whole seconds), set for
+the claim and put back afterwards; past it the statement fails with 1205 and
+the duplicate answers 409. A deadlock that still happens (at REPEATABLE READ,
+whose locking reads lock gaps too) is 1213, after which InnoDB has rolled back
+the whole transaction: ``core`` claims again in a new one where it opened the
+transaction, and answers 409 inside the caller's.
+
+There is no one-statement claim (every claim takes the locked path). Purge is
+``GenericStore``'s: it selects a batch's ids before deleting them, as MySQL
+cannot delete from a table with a ``LIMIT`` subquery on the same table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from django.db import DatabaseError, OperationalError
+
+from idempotency.models import IdempotencyRecord
+from idempotency.stores.base import Candidate, Contention
+from idempotency.stores.generic import GenericStore
+
+# Server error codes: the lock wait ran past innodb_lock_wait_timeout (or NOWAIT
+# found the row locked); the transaction was chosen as a deadlock's victim.
+_LOCK_WAIT_TIMEOUT = 1205
+_BUSY = frozenset({_LOCK_WAIT_TIMEOUT, 3572})
+_RETRY = frozenset({1213})
+
+
+class MySQLStore(GenericStore):
+    def claim(
+        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+    ) -> IdempotencyRecord | None:
+        return None  # the locked path is the claim
+
+    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
+        # A duplicate of a key already held queues on the row with a record lock
+        # only (READ COMMITTED locks no gap for an equality read of a unique key).
+        held = self._holding(candidate)
+        if held is not None:
+            return held
+        # The key looks free: first requests take turns to insert it. Two inserts of
+        # one key would make the second wait in InnoDB's duplicate check, which holds
+        # a gap lock; when the first rolls back, such waiters deadlock on each other.
+        with self._turn_to_insert(candidate):
+            held = self._holding(candidate)
+            if held is not None:
+                return held
+            record = candidate.instance()
+            params = [
+                field.get_db_prep_save(field.pre_save(record, add=True), self.connection)
+                for field in self._inserted
+            ]
+            with self.connection.cursor() as cursor:
+                cursor.execute(self._insert_sql, params)
+            return self._holding(candidate)
+
+    def _holding(self, candidate: Candidate) -> IdempotencyRecord | None:
+        """The row holding ``candidate``'s key, locked, or ``None``."""
+        return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
+
+    @contextmanager
+    def _turn_to_insert(self, candidate: Candidate) -> Iterator[None]:
+        """A named lock per key, held only while inserting (not until the commit).
+
+        Waits as long as a row lock may (``bounded_lock_wait``); a named lock
+        outlives a rollback, so it is released always.
+        """
+        digest = hashlib.sha256(f"{candidate.scope}\0{candidate.idem_key}".encode()).hexdigest()
+        name = f"idempotency:{digest[:48]}"  # names are at most 64 characters
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, @@SESSION.innodb_lock_wait_timeout)", [name])
+            (got,) = cursor.fetchone()
+        if got != 1:
+            raise OperationalError(_LOCK_WAIT_TIMEOUT, f"Lock wait timeout on the lock {name}")
+        try:
+            yield
+        finally:
+            self._always("DO RELEASE_LOCK(%s)", [name])
+
+    def _always(self, sql: str, params: list[Any] | None = None) -> None:
+        """Undo a session setting or lock, even in a transaction Django marked for rollback.
+
+        On the driver's own cursor: Django refuses statements in such a transaction,
+        but these outlive it and must not leak into the connection's next request.
+        """
+        with self.connection.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+    @contextmanager
+    def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
+        # A session variable: it outlives a rolled-back statement, so it is put back always.
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+                "SESSION innodb_lock_wait_timeout = %s",
+                [lock_wait_seconds(seconds)],
+            )
+        try:
+            yield
+        finally:
+            self._always("SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait")
+
+    def contention(self, error: DatabaseError) -> Contention | None:
+        code = error.args[0] if error.args else None
+        if code in _BUSY:
+            return "busy"
+        return "retry" if code in _RETRY else None
+
+    # Composed once per alias.
+
+    @cached_property
+    def _inserted(self) -> list[Any]:
+        return [field for field in IdempotencyRecord._meta.concrete_fields if not field.primary_key]
+
+    @cached_property
+    def _insert_sql(self) -> str:
+        quote = self.connection.ops.quote_name
+        meta = IdempotencyRecord._meta
+        columns = ", ".join(quote(field.column) for field in self._inserted)
+        values = ", ".join("%s" for _ in self._inserted)
+        pk = quote(str(meta.pk.column))  # type: ignore[union-attr]
+        # The no-op update is what makes a duplicate take the exclusive lock.
+        return (
+            f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values}) "
+            f"ON DUPLICATE KEY UPDATE {pk} = {pk}"
+        )
+
+
+def lock_wait_seconds(seconds: float) -> int:
+    """``innodb_lock_wait_timeout`` takes whole seconds, at least one: round up."""
+    return max(1, math.ceil(seconds))

@@ -1,0 +1,157 @@
+"""The lease and expiry indexes: partial where the database has partial indexes, composite
+elsewhere, and on MariaDB the plans of recovery and purge read through them (EXPLAIN)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.db import connection, models, transaction
+
+from idempotency.indexes import PartialIndex
+from idempotency.models import IdempotencyRecord
+from idempotency.recovery import expired_batch
+from idempotency.retention import batch, purge, purgeable
+
+pytestmark = pytest.mark.django_db
+
+
+def index_sql(name: str) -> str:
+    (index,) = [index for index in IdempotencyRecord._meta.indexes if index.name == name]
+    # Not entered: only builds the statement (SQLite refuses to enter one inside a transaction).
+    editor = connection.schema_editor(collect_sql=True)
+    return str(index.create_sql(IdempotencyRecord, editor))
+
+
+def test_no_warning_about_conditions_on_any_database():
+    warnings = IdempotencyRecord.check(databases=["default"])
+    assert [warning.id for warning in warnings if warning.level >= checks.WARNING] == []
+
+
+def test_the_lease_index_is_partial_or_leads_with_status():
+    sql = index_sql("idempotency_lease_idx")
+    quote = connection.ops.quote_name
+    if connection.features.supports_partial_indexes:
+        assert f"({quote('lease_until')}) WHERE" in sql
+        assert "PROCESSING" in sql
+    else:
+        assert f"({quote('status')}, {quote('lease_until')})" in sql
+        assert "WHERE" not in sql
+
+
+def test_the_expiry_index_is_partial_or_plain():
+    sql = index_sql("idempotency_expires_idx")
+    assert ("WHERE" in sql) == connection.features.supports_partial_indexes
+    assert connection.ops.quote_name("expires_at") in sql
+
+
+def test_the_migrated_database_has_the_indexes_its_features_call_for():
+    # Built by the migrations: 0003 rebuilt the lease index where partial indexes are missing.
+    with connection.cursor() as cursor:
+        table = connection.introspection.get_constraints(cursor, IdempotencyRecord._meta.db_table)
+    partial = connection.features.supports_partial_indexes
+    lease = ["lease_until"] if partial else ["status", "lease_until"]
+    assert table["idempotency_lease_idx"]["columns"] == lease
+    assert table["idempotency_expires_idx"]["columns"] == ["expires_at"]
+
+
+def test_deconstructs_to_what_it_was_built_from():
+    index = PartialIndex(
+        fields=["lease_until"],
+        where=models.Q(status="PROCESSING"),
+        fallback_fields=["status", "lease_until"],
+        name="some_idx",
+    )
+    path, args, kwargs = index.deconstruct()
+    assert path == "idempotency.indexes.PartialIndex"
+    assert PartialIndex(*args, **kwargs) == index
+    assert index.condition is None  # what the system check looks at (models.W037)
+
+
+BULK_ROWS = 20_000
+
+# The shapes of TestQueryPlans in test_retention.py, on fewer rows, for MySQL/MariaDB: 1%
+# expired, 1% created 30 days ago, 0.5% PROCESSING of which a fifth expired.
+BULK_INSERT = """
+INSERT INTO idempotency_idempotencyrecord (
+    scope, idem_key, operation, request_hash, request_method, request_path, status,
+    owner_token, lease_until, response_status, response_headers, resource_id, attempts,
+    recovery_attempts, version, created_at, updated_at, completed_at, expires_at
+)
+WITH digits (d) AS (
+    SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4
+    UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9
+), numbers (i) AS (
+    SELECT 1 + a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d
+    FROM digits a, digits b, digits c, digits e, digits f
+)
+SELECT
+    CONCAT('user:', MOD(i, 1000), ':tests.bulk'), CONCAT('key-', i), 'tests.bulk',
+    SHA2(i, 256), 'POST', '/orders/',
+    CASE WHEN MOD(i, 200) = 7 THEN 'PROCESSING' ELSE 'SUCCEEDED' END,
+    MD5(i),
+    CASE
+        WHEN MOD(i, 1000) = 7 THEN NOW(6) - INTERVAL 1 MINUTE
+        WHEN MOD(i, 200) = 7 THEN NOW(6) + INTERVAL 1 MINUTE
+    END,
+    201, '[]', i, 1, 0, 1,
+    CASE WHEN MOD(i, 100) = 3 THEN NOW(6) - INTERVAL 30 DAY ELSE NOW(6) - INTERVAL 1 HOUR END,
+    NOW(6), NOW(6),
+    CASE
+        WHEN MOD(i, 200) = 7 THEN NULL
+        WHEN MOD(i, 100) = 1 THEN NOW(6) - INTERVAL 1 HOUR
+        ELSE NOW(6) + INTERVAL 1 DAY
+    END
+FROM numbers WHERE i <= %s
+"""
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits: the rows go by TRUNCATE
+class TestQueryPlansOnMariaDB:
+    """No partial indexes here: the composite indexes still keep both scans off the table."""
+
+    @pytest.fixture
+    def many_rows(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(BULK_INSERT, [BULK_ROWS])
+            cursor.execute("ANALYZE TABLE idempotency_idempotencyrecord")
+
+    def plan(self, queryset: Any) -> str:
+        with transaction.atomic():  # FOR UPDATE needs a transaction
+            return str(queryset.explain())
+
+    def test_purge_batch_reads_the_expiry_index(self, many_rows):
+        plan = self.plan(batch(purgeable(), 1000).values_list("pk", flat=True))
+        assert " range " in plan and " idempotency_expires_idx " in plan, plan
+        assert purgeable().count() == BULK_ROWS // 100
+
+    def test_purge_takes_the_expired_rows_in_batches_and_nothing_else(self, many_rows):
+        assert purge(batch_size=300) == BULK_ROWS // 100
+        assert IdempotencyRecord.objects.count() == BULK_ROWS - BULK_ROWS // 100
+        assert not purgeable().exists()
+
+    def test_purge_older_than_reads_the_status_index(self, many_rows):
+        records = purgeable(older_than=timedelta(days=7))
+        plan = self.plan(batch(records, 1000).values_list("pk", flat=True))
+        assert " range " in plan and " idempotency_status_idx " in plan, plan
+
+    def test_the_delete_goes_by_primary_key(self, many_rows):
+        pks = list(purgeable().values_list("pk", flat=True)[:1000])
+        plan = str(IdempotencyRecord.objects.filter(pk__in=pks).explain())
+        assert " eq_ref PRIMARY PRIMARY " in plan or " range PRIMARY PRIMARY " in plan, plan
+
+    def test_recovery_reads_the_lease_index_in_order(self, many_rows):
+        query = (
+            IdempotencyRecord.objects.expired_leases()
+            .select_for_update(skip_locked=True)
+            .order_by("lease_until", "pk")[:100]
+        )
+        plan = self.plan(query)
+        assert " range " in plan and " idempotency_lease_idx " in plan, plan
+        assert "filesort" not in plan, plan  # (status, lease_until, pk) is the scan's order
+        with transaction.atomic():
+            expired = expired_batch("default", after=None, size=100, lock=True)
+        assert len(expired) == BULK_ROWS // 1000
