@@ -145,7 +145,7 @@ def uvicorn_server() -> Iterator[AsgiServer]:
         yield server
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestUnderUvicorn:
     def test_concurrent_duplicates_make_one_order(self, uvicorn_server):
