@@ -93,11 +93,12 @@ def test_a_task_without_a_key_function_fails_when_the_worker_loads_it():
         bare.finalize()
 
 
-# -- a real worker on Redis, against the test database (PostgreSQL or MariaDB) -------------------------
+# -- a real worker on Redis, against the test database (PostgreSQL or MariaDB) ----------
 
 
 def through_a_worker(test: Callable[..., None]) -> Callable[..., None]:
-    for mark in (pytest.mark.celery, pytest.mark.server_db, pytest.mark.django_db(transaction=True)):
+    marks = (pytest.mark.celery, pytest.mark.server_db, pytest.mark.django_db(transaction=True))
+    for mark in marks:
         test = mark(test)
     return test
 
