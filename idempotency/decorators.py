@@ -1,4 +1,5 @@
-"""``@idempotent``: protect a DRF ``@api_view`` function, a plain Django view or a view method."""
+"""``@idempotent``: protect a plain Django view (sync or async), a DRF ``@api_view`` function
+or a view method. Nothing here needs Django REST framework."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from rest_framework.request import Request
 
 from idempotency.core import Mode
-from idempotency.http import AnyRequest, IdempotencyOptions, protect
+from idempotency.http import AnyRequest, IdempotencyOptions, aprotect, protect
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,7 +38,8 @@ def idempotent(
     """Make a view safe to retry.
 
     Put it *under* ``@api_view`` (and on the method of a class-based view or
-    viewset action) so that authentication and permissions run first.
+    viewset action) so that authentication and permissions run first. An
+    ``async def`` view stays async (see ``idempotency.http.aprotect``).
     """
     options = IdempotencyOptions(
         operation=operation,
@@ -57,14 +58,21 @@ def idempotent(
     )
 
     def decorator(view: F) -> F:
-        if inspect.iscoroutinefunction(view):
-            raise ImproperlyConfigured(
-                f"@idempotent does not support async views yet ({view.__qualname__})."
-            )
         default_operation = f"{view.__module__}.{view.__qualname__}"
         if resolver is not None:
             # So that recovery, in a worker that never serves this view, finds it.
             register(options.operation or default_operation, resolver)
+
+        if inspect.iscoroutinefunction(view):
+
+            @wraps(view)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                request = _find_request(args, view)
+                return await aprotect(
+                    request, lambda: view(*args, **kwargs), options, default_operation
+                )
+
+            return async_wrapper  # type: ignore[return-value]
 
         @wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -78,8 +86,11 @@ def idempotent(
 
 def _find_request(args: tuple[Any, ...], view: Callable[..., Any]) -> AnyRequest:
     # A function view gets (request, ...); a method gets (self, request, ...).
+    # A framework's request wraps Django's (DRF's keeps it in ``_request``).
     for candidate in args[:2]:
-        if isinstance(candidate, (Request, HttpRequest)):
+        if isinstance(candidate, HttpRequest) or isinstance(
+            getattr(candidate, "_request", None), HttpRequest
+        ):
             return candidate
     raise ImproperlyConfigured(
         f"@idempotent could not find the request among the arguments of {view.__qualname__}."

@@ -1,16 +1,41 @@
-"""DRF integration: ``IdempotentCreateMixin`` and the hooks it shares with other views."""
+"""The Django REST framework adapter: everything DRF-specific lives here.
+
+``IdempotentCreateMixin`` and the hooks it shares with other views; DRF's side
+of the HTTP layer (``request.data``, ``APIException``, renderers, the project's
+exception handler), registered with ``idempotency.http`` on import; and a
+browsable API that can create on protected endpoints.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from django.http import HttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.html import format_html
+from rest_framework.exceptions import APIException
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from idempotency.conf import idempotency_settings
 from idempotency.core import Mode
-from idempotency.http import IdempotencyOptions, protect, read_key, request_hash
+from idempotency.exceptions import IdempotencyError, KeyInUse
+from idempotency.http import (
+    KEY_FORM_FIELD,
+    SAFE_METHODS,
+    FrameworkAdapter,
+    IdempotencyOptions,
+    error_status,
+    problem_response,
+    protect,
+    read_key,
+    register_adapter,
+    request_hash,
+)
 from idempotency.models import Status
 from idempotency.resolvers import ResolverSpec, register
 
@@ -114,3 +139,119 @@ class IdempotentCreateMixin(IdempotentMixin):
             request,
             lambda: super(IdempotentCreateMixin, self).create(request, *args, **kwargs),  # type: ignore[misc]
         )
+
+
+# --- DRF's side of the HTTP layer --------------------------------------------------------
+
+
+class IdempotencyAPIException(APIException):
+    """A protocol error as a DRF exception, for projects that render errors themselves.
+
+    Its detail is ``{"detail": ..., "code": ...}``: DRF's exception handler (and
+    any project handler built on it) puts both in the body, so the stable code
+    survives ``ERROR_FORMAT = "drf"``; ``detail["detail"].code`` carries it too.
+    """
+
+    def __init__(self, error: IdempotencyError) -> None:
+        self.status_code = error_status(error)
+        super().__init__(detail={"detail": error.detail, "code": error.code}, code=error.code)
+        if isinstance(error, KeyInUse):
+            self.wait = error.retry_after  # DRF's handler turns it into Retry-After
+
+
+class DRFAdapter(FrameworkAdapter):
+    error_format = "drf"
+
+    def parsed_body(self, request: Any) -> Any:
+        if isinstance(request, Request):
+            # DRF may already have consumed the stream (CSRF checks read it): use its parse.
+            return request.data
+        return super().parsed_body(request)
+
+    def is_client_error(self, exc: Exception) -> bool:
+        return isinstance(exc, APIException) and exc.status_code < 500
+
+    def stored_representation(
+        self, request: Any, response: HttpResponseBase
+    ) -> HttpResponseBase | None:
+        if not isinstance(response, Response):
+            return None
+        if not getattr(response, "accepted_renderer", None):
+            view = (getattr(request, "parser_context", None) or {}).get("view")
+            if view is not None:
+                view.finalize_response(request, response)
+        response.render()  # the first caller gets what it negotiated
+        if not _is_html(response.accepted_renderer):
+            return response
+        # An HTML page (the browsable API's, with its CSRF token) is for the browser that
+        # asked; every repeat, whatever it accepts, gets the API's own representation.
+        context: Mapping[str, Any] = getattr(response, "renderer_context", None) or {}
+        renderer = _api_renderer(context.get("view"))
+        body = renderer.render(response.data, renderer.media_type, {**context})
+        media_type, charset = renderer.media_type, renderer.charset
+        content_type = f"{media_type}; charset={charset}" if charset else media_type
+        stored = HttpResponse(body, status=response.status_code, content_type=content_type)
+        for name, value in response.items():
+            if name.lower() != "content-type":
+                stored[name] = value
+        return stored
+
+    def error_response(self, request: Any, error: IdempotencyError) -> HttpResponseBase:
+        exception = IdempotencyAPIException(error)
+        if isinstance(request, Request):
+            raise exception  # the view's handle_exception and the project's handler take it
+        handler: Callable[..., Response | None] = api_settings.EXCEPTION_HANDLER  # type: ignore[assignment]
+        response = handler(exception, {"request": request, "view": None, "args": (), "kwargs": {}})
+        if response is None:
+            return problem_response(error)
+        response.accepted_renderer = JSONRenderer()
+        response.accepted_media_type = "application/json"
+        response.renderer_context = {"request": request, "response": response}  # type: ignore[attr-defined]
+        response.render()
+        return response
+
+
+def _is_html(renderer: BaseRenderer) -> bool:
+    return str(renderer.media_type).split(";")[0].strip() == "text/html"
+
+
+def _api_renderer(view: Any) -> BaseRenderer:
+    """The view's first renderer that is not HTML: what a client accepting ``*/*`` gets."""
+    renderers = view.get_renderers() if view is not None else []
+    return next((r for r in renderers if not _is_html(r)), JSONRenderer())
+
+
+register_adapter(DRFAdapter())
+
+
+class IdempotentBrowsableAPIRenderer(BrowsableAPIRenderer):
+    """DRF's browsable API, able to create on protected endpoints.
+
+    Each page it renders carries a fresh key: in a hidden field of its HTML forms
+    (``_idempotency_key``, read when the header is absent) and in the header of
+    the requests its raw-data form sends. Submitting one page twice is one intent.
+    """
+
+    template = "idempotency/browsable_api.html"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        self.idempotency_key = str(uuid.uuid4())
+        return super().render(data, accepted_media_type, renderer_context)
+
+    def get_context(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        context: dict[str, Any] = super().get_context(*args, **kwargs)
+        context["idempotency_header"] = idempotency_settings.HEADER
+        context["idempotency_key"] = self.idempotency_key
+        return context
+
+    def get_rendered_html_form(self, data: Any, view: Any, method: str, request: Any) -> Any:
+        form = super().get_rendered_html_form(data, view, method, request)
+        if not isinstance(form, str) or method in SAFE_METHODS:
+            return form
+        hidden = '{}<input type="hidden" name="{}" value="{}">'
+        return format_html(hidden, form, KEY_FORM_FIELD, self.idempotency_key)

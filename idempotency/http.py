@@ -1,26 +1,31 @@
-"""The HTTP layer shared by the DRF mixin and the view decorator.
+"""The HTTP layer shared by the view decorator and the framework adapters.
 
 It reads the key, scope and fingerprint from a request, runs the view through
 ``core.execute``, snapshots responses and replays them, and renders errors.
+It needs nothing but Django: what Django REST framework adds (``request.data``,
+``APIException``, renderers, its exception handler) comes from the DRF adapter,
+``idempotency.drf``, through the ``FrameworkAdapter`` registry below.
+
+``protect``, ``aprotect`` and ``IdempotencyOptions`` are the stable entry points
+for adapters (the DRF mixin, ``@idempotent``, other frameworks' decorators).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection
+import sys
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from django.core.exceptions import BadRequest, PermissionDenied
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
+from django.db import connections
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
-from rest_framework.exceptions import APIException
-from rest_framework.renderers import JSONRenderer
-from rest_framework.request import Request
-from rest_framework.response import Response
-from rest_framework.settings import api_settings
 
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
 from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
@@ -32,11 +37,24 @@ from idempotency.resolvers import ResolverSpec
 
 logger = logging.getLogger("idempotency")
 
-AnyRequest = HttpRequest | Request
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+
+    # A Django request, or DRF's wrapper of one (which keeps it in ``_request``).
+    AnyRequest: TypeAlias = HttpRequest | Request
+else:
+    AnyRequest = HttpRequest
 ViewCall = Callable[[], HttpResponseBase]
+AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# An HTML form, which cannot send headers, may carry the key in this field instead
+# (the DRF browsable API's forms do). It is not part of the fingerprint.
+KEY_FORM_FIELD = "_idempotency_key"
+# Form fields that are not the request's business content: left out of the fingerprint.
+_FORM_ONLY_FIELDS = (KEY_FORM_FIELD, "csrfmiddlewaretoken")
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 _ERROR_STATUS = {
     "idempotency_key_missing": 400,
@@ -77,7 +95,11 @@ def protect(
     options: IdempotencyOptions,
     default_operation: str,
 ) -> HttpResponseBase:
-    """Run ``view`` idempotently for ``request``; the one entry point of both adapters."""
+    """Run ``view`` idempotently for ``request``; the one entry point of every adapter.
+
+    ``view`` is a zero-argument callable returning the view's response. Stable:
+    other frameworks' adapters build on it.
+    """
     if _django_request(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
     try:
@@ -85,6 +107,8 @@ def protect(
         if key is None:
             return view()
         operation = build_operation(request, options, key, options.operation or default_operation)
+        if operation.mode == "lease":
+            refuse_request_transaction(request, operation)
         result = execute(
             operation,
             lambda attempt: _run_view(request, attempt, view),
@@ -102,6 +126,37 @@ def protect(
     return result
 
 
+async def aprotect(
+    request: AnyRequest,
+    view: AsyncViewCall,
+    options: IdempotencyOptions,
+    default_operation: str,
+) -> HttpResponseBase:
+    """``protect`` for an async view: ``view`` returns an awaitable of the response.
+
+    Same semantics in both modes. The protocol is synchronous and Django's
+    connections belong to a thread, so ``protect`` runs in the request's one
+    sync thread (``sync_to_async(thread_sensitive=True)``) and drives the view's
+    coroutine on the event loop from there (``async_to_sync``). While it waits,
+    that thread serves the view's own thread-sensitive calls, so the view's
+    ``await Model.objects.acreate(...)`` runs on the connection that holds the
+    claim: in atomic mode, inside its transaction. Stable: other frameworks'
+    adapters build on it.
+    """
+    if _django_request(request).method in SAFE_METHODS:
+        return await view()  # nothing to record: no thread needed
+
+    async def await_view() -> HttpResponseBase:
+        return await view()
+
+    def run_view() -> HttpResponseBase:
+        return async_to_sync(await_view)()
+
+    return await sync_to_async(protect, thread_sensitive=True)(
+        request, run_view, options, default_operation
+    )
+
+
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     max_length = idempotency_settings.MAX_KEY_LENGTH
     if options.key is not None:
@@ -112,6 +167,8 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     else:
         header = options.header or idempotency_settings.HEADER
         raw = _django_request(request).headers.get(header)
+        if raw is None:
+            raw = _form_key(request)
         if raw is not None:
             return parse_key(raw, max_length=max_length)
     required = (
@@ -120,6 +177,15 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if required:
         raise KeyMissing()
     return None
+
+
+def _form_key(request: AnyRequest) -> str | None:
+    if (_django_request(request).content_type or "") not in _FORM_TYPES:
+        return None
+    data = parsed_body(request)
+    form: Mapping[str, Any] = request.POST if data is _UNPARSED else data
+    value = form.get(KEY_FORM_FIELD)
+    return None if value is None else str(value)
 
 
 def build_operation(
@@ -179,17 +245,20 @@ def default_fingerprint(
 def _canonical_body(
     request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
 ) -> str | bytes:
-    if isinstance(request, Request):
-        # DRF may already have consumed the stream (CSRF checks read it): use its parse.
-        return canonical(request.data, include=fields, exclude=exclude)
-    content_type = request.content_type or ""
-    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+    content_type = _django_request(request).content_type or ""
+    form = content_type in _FORM_TYPES
+    if form:
+        exclude = (*exclude, *_FORM_ONLY_FIELDS)
+    data = parsed_body(request)
+    if data is not _UNPARSED:
+        return canonical(data, include=fields, exclude=exclude)
+    if form:
         try:
-            form: dict[str, list[Any]] = dict(request.POST.lists())
-            form.update(request.FILES.lists())
+            fields_and_files: dict[str, list[Any]] = dict(request.POST.lists())
+            fields_and_files.update(request.FILES.lists())
         except MultiPartParserError:
             return b""
-        return canonical(form, include=fields, exclude=exclude)
+        return canonical(fields_and_files, include=fields, exclude=exclude)
     body = request.body
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
@@ -221,7 +290,7 @@ class _ClientError:
     exception: Exception
 
 
-_CLIENT_ERRORS = (APIException, Http404, PermissionDenied, BadRequest)
+_CLIENT_ERRORS = (Http404, PermissionDenied, BadRequest)
 
 
 def _run_view(
@@ -230,12 +299,28 @@ def _run_view(
     request.idempotency = attempt  # type: ignore[union-attr]
     try:
         return view()
-    except _CLIENT_ERRORS as exc:
-        if isinstance(exc, APIException) and exc.status_code >= 500:
+    except Exception as exc:
+        if not is_client_error(exc):
             raise
         # Like a returned 4xx, the key stays free for a corrected retry. Left to
         # propagate, lease mode would keep it FAILED_RETRYABLE, bound to the bad payload.
         return _ClientError(exc)
+
+
+def refuse_request_transaction(request: AnyRequest, operation: Operation) -> None:
+    """Lease mode inside ``ATOMIC_REQUESTS``' transaction would silently be atomic mode."""
+    connection = connections[operation.database]
+    if not (connection.settings_dict.get("ATOMIC_REQUESTS") and connection.in_atomic_block):
+        return
+    match = getattr(_django_request(request), "resolver_match", None)
+    non_atomic: set[str] = getattr(getattr(match, "func", None), "_non_atomic_requests", set())
+    if operation.database in non_atomic:
+        return  # the transaction is the caller's own, not the request's
+    raise ImproperlyConfigured(
+        f"{operation.name} runs in lease mode, but ATOMIC_REQUESTS wraps it in a transaction "
+        f"on {operation.database!r}, so its claim would only commit with the whole request. "
+        "Decorate the view with @transaction.non_atomic_requests (or use atomic mode)."
+    )
 
 
 def decide_outcome(
@@ -259,7 +344,7 @@ def decide_outcome(
 
 def snapshot(request: AnyRequest, response: HttpResponseBase) -> StoredResponse:
     """What a repeat will get: status, safe headers and the rendered body, bounded."""
-    _render(request, response)
+    response = stored_representation(request, response)
     # The body's media type belongs to the body: kept whatever REPLAY_HEADERS lists,
     # or a JSON body would be replayed as Django's default text/html.
     allowed = idempotency_settings.REPLAY_HEADERS | {"content-type"}
@@ -273,16 +358,6 @@ def snapshot(request: AnyRequest, response: HttpResponseBase) -> StoredResponse:
         headers = [(name, value) for name, value in headers if name.lower() != "content-type"]
         body = None
     return StoredResponse(status=response.status_code, headers=headers, body=body)
-
-
-def _render(request: AnyRequest, response: HttpResponseBase) -> None:
-    if isinstance(response, Response) and not getattr(response, "accepted_renderer", None):
-        view = (getattr(request, "parser_context", None) or {}).get("view")
-        if view is not None:
-            view.finalize_response(request, response)
-    render = getattr(response, "render", None)
-    if callable(render):
-        render()
 
 
 def _resource_id(response: HttpResponseBase) -> str:
@@ -304,25 +379,21 @@ def replay_response(record: IdempotencyRecord) -> HttpResponse:
     return response
 
 
-class IdempotencyAPIException(APIException):
-    """A protocol error as a DRF exception, for projects that render errors themselves."""
-
-    def __init__(self, error: IdempotencyError) -> None:
-        self.status_code = _ERROR_STATUS.get(error.code, 400)
-        super().__init__(detail=error.detail, code=error.code)
-        if isinstance(error, KeyInUse):
-            self.wait = error.retry_after
-
-
 def error_response(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
-    if idempotency_settings.ERROR_FORMAT == "drf":
-        return _drf_error(request, error)
-    return problem_response(error)
+    name = idempotency_settings.ERROR_FORMAT
+    for adapter in adapters():
+        if adapter.error_format == name:
+            return adapter.error_response(request, error)
+    return problem_response(error)  # "problem", or a format whose adapter is missing (E030)
+
+
+def error_status(error: IdempotencyError) -> int:
+    return _ERROR_STATUS.get(error.code, 400)
 
 
 def problem_response(error: IdempotencyError) -> HttpResponse:
     """RFC 9457 ``application/problem+json``."""
-    status = _ERROR_STATUS.get(error.code, 400)
+    status = error_status(error)
     body = {
         "type": f"urn:idempotency:error:{error.code}",
         "title": error.title,
@@ -338,20 +409,85 @@ def problem_response(error: IdempotencyError) -> HttpResponse:
     return response
 
 
-def _drf_error(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
-    exception = IdempotencyAPIException(error)
-    if isinstance(request, Request):
-        raise exception  # the view's handle_exception and the project's handler take it
-    handler: Callable[..., Response | None] = api_settings.EXCEPTION_HANDLER  # type: ignore[assignment]
-    response = handler(exception, {"request": request, "view": None, "args": (), "kwargs": {}})
-    if response is None:
+def _django_request(request: AnyRequest) -> HttpRequest:
+    return getattr(request, "_request", request)
+
+
+# --- framework adapters ---------------------------------------------------------------
+
+_UNPARSED: Any = object()
+
+
+class FrameworkAdapter:
+    """What a framework tells the HTTP layer about its requests, responses and errors.
+
+    Each method's default says "not mine". ``idempotency.drf`` registers DRF's
+    adapter, loaded as soon as ``rest_framework`` is imported anywhere (only then
+    can a DRF request or response exist). Stable for other frameworks' adapters.
+    """
+
+    #: The ``ERROR_FORMAT`` value this adapter renders, if any.
+    error_format: str | None = None
+
+    def parsed_body(self, request: AnyRequest) -> Any:
+        """The framework's parse of the body, or ``_UNPARSED`` if not its request."""
+        return _UNPARSED
+
+    def is_client_error(self, exc: Exception) -> bool:
+        return False
+
+    def stored_representation(
+        self, request: AnyRequest, response: HttpResponseBase
+    ) -> HttpResponseBase | None:
+        """Render ``response`` and return what to store for replays, or ``None``."""
+        return None
+
+    def error_response(self, request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
         return problem_response(error)
-    response.accepted_renderer = JSONRenderer()
-    response.accepted_media_type = "application/json"
-    response.renderer_context = {"request": request, "response": response}  # type: ignore[attr-defined]
-    response.render()
+
+
+_ADAPTERS: list[FrameworkAdapter] = []
+
+
+def register_adapter(adapter: FrameworkAdapter) -> None:
+    if all(type(known) is not type(adapter) for known in _ADAPTERS):
+        _ADAPTERS.append(adapter)
+
+
+def adapters() -> list[FrameworkAdapter]:
+    # A None entry is a module made unimportable on purpose (a project without DRF).
+    if sys.modules.get("rest_framework") is not None:
+        import_module("idempotency.drf")  # registers its adapter on import
+    return _ADAPTERS
+
+
+def parsed_body(request: AnyRequest) -> Any:
+    for adapter in adapters():
+        data = adapter.parsed_body(request)
+        if data is not _UNPARSED:
+            return data
+    return _UNPARSED
+
+
+def is_client_error(exc: Exception) -> bool:
+    return isinstance(exc, _CLIENT_ERRORS) or any(
+        adapter.is_client_error(exc) for adapter in adapters()
+    )
+
+
+def stored_representation(request: AnyRequest, response: HttpResponseBase) -> HttpResponseBase:
+    for adapter in adapters():
+        stored = adapter.stored_representation(request, response)
+        if stored is not None:
+            return stored
+    render = getattr(response, "render", None)  # a TemplateResponse
+    if callable(render):
+        render()
     return response
 
 
-def _django_request(request: AnyRequest) -> HttpRequest:
-    return getattr(request, "_request", request)
+def __getattr__(name: str) -> Any:
+    # Moved to the DRF adapter; still importable from here.
+    if name == "IdempotencyAPIException":
+        return import_module("idempotency.drf").IdempotencyAPIException
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ import environ
 
 SECRET_KEY = "tests-only"
 DEBUG = False
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]  # tests/test_async.py serves over HTTP
 USE_TZ = True
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "static/"

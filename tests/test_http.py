@@ -489,11 +489,11 @@ class TestOversizeResponse:
         assert Order.objects.count() == 1
 
 
-def code_in_body(exc, context):
-    """A project exception handler that puts DRF's error code in the body."""
+def wrapped_errors(exc, context):
+    """A project exception handler built on DRF's: it wraps every error in an envelope."""
     response = exception_handler(exc, context)
     if response is not None:
-        response.data["code"] = exc.get_codes()
+        response.data = {"error": response.data}
     return response
 
 
@@ -533,16 +533,19 @@ class TestErrorFormats:
         assert response.status_code == 400
         assert response["Content-Type"] == "application/json"
         assert response.data["detail"].code == "idempotency_key_missing"
-        assert set(response.json()) == {"detail"}
+        assert response.json() == {
+            "detail": "This operation requires an idempotency key.",
+            "code": "idempotency_key_missing",
+        }
 
     @override_settings(
         IDEMPOTENCY={"ERROR_FORMAT": "drf"},
-        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.test_http.code_in_body"},
+        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.test_http.wrapped_errors"},
     )
-    def test_drf_format_uses_the_projects_handler(self, client):
+    def test_drf_format_uses_the_projects_handler_and_keeps_the_code(self, client):
         response = post(client, "/orders/", ORDER, key="a,b")
         assert response.status_code == 400
-        assert response.json()["code"] == "idempotency_key_invalid"
+        assert response.json()["error"]["code"] == "idempotency_key_invalid"
 
     @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf", "MODE": "lease"})
     def test_drf_format_keeps_retry_after(self, client, user):
@@ -565,7 +568,7 @@ class TestErrorFormats:
         response = post(client, "/plain/", {"sku": "p"}, key=None)
         assert response.status_code == 400
         assert response["Content-Type"] == "application/json"
-        assert "detail" in response.json()
+        assert response.json()["code"] == "idempotency_key_missing"
 
 
 class TestPlainView:

@@ -18,4 +18,5 @@ urlpatterns = [
     path("big/", views.big),
     path("flaky/", views.flaky),
     path("lease/", include("tests.testapp.lease_views")),
+    path("async/", include("tests.testapp.async_views")),
 ]
