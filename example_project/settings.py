@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "idempotency",
     "example_project.shop",
     "example_project.reports",
@@ -51,6 +52,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
 
 TEMPLATES = [
     {
@@ -79,6 +81,15 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # drf-spectacular's, plus the idempotency header and responses of protected operations.
+    "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Shop (Django REST framework)",
+    "VERSION": "1.0.0",
+    "DESCRIPTION": "The example project of django-idempotency.",
+    "PREPROCESSING_HOOKS": ["example_project.shop.schema.without_unslashed_aliases"],
 }
 
 IDEMPOTENCY = {

@@ -34,7 +34,7 @@ _ERROR_DESCRIPTIONS = {
 
 def problem_schema() -> Schema:
     """The body of every idempotency error (RFC 9457 problem details plus ``code``)."""
-    codes = [code for codes in ERROR_CODES.values() for code in codes]
+    codes = ", ".join(f"`{code}`" for codes in ERROR_CODES.values() for code in codes)
     return {
         "type": "object",
         "properties": {
@@ -42,7 +42,8 @@ def problem_schema() -> Schema:
             "title": {"type": "string"},
             "status": {"type": "integer"},
             "detail": {"type": "string"},
-            "code": {"type": "string", "enum": [*codes, "idempotency_scope_unavailable"]},
+            # Described, not an enum: a client must accept codes added later.
+            "code": {"type": "string", "description": f"Stable machine-readable code: {codes}."},
         },
         "required": ["type", "title", "status", "detail", "code"],
     }

@@ -89,6 +89,30 @@ def create_in_lease_mode(request: HttpRequest, payload: OrderIn, fail: str = "")
     return order
 
 
+@api.post("/async/orders", response={201: OrderOut})
+@idempotent(operation="orders.create-async")
+async def create_order_async(request: HttpRequest, payload: OrderIn, fail: str = ""):
+    order = await Order.objects.acreate(
+        owner=request.auth, sku=payload.sku, quantity=payload.quantity
+    )
+    if fail == "404":
+        raise HttpError(404, "no such thing")
+    if fail == "crash":
+        raise RuntimeError("business failure after the write")
+    return order
+
+
+@api.post("/async/lease", response={201: OrderOut})
+@idempotent(mode="lease")
+async def create_order_async_in_lease_mode(request: HttpRequest, payload: OrderIn, fail: str = ""):
+    order = await Order.objects.acreate(
+        owner=request.auth, sku=payload.sku, quantity=payload.quantity
+    )
+    if fail == "404":
+        raise HttpError(404, "no such thing")
+    return order
+
+
 router = Router()
 
 
