@@ -22,6 +22,11 @@ if not SECRET_KEY:
     SECRET_KEY = "django-insecure-example-project-development-only"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
+# Only for test runs that drive the running project: every request authenticates,
+# and Django's default hasher is slow on purpose. Never set in production.
+if env.list("PASSWORD_HASHERS", default=[]):
+    PASSWORD_HASHERS = env.list("PASSWORD_HASHERS")
+
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

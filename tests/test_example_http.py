@@ -1,275 +1,25 @@
 """The example project under gunicorn (several worker processes) on PostgreSQL, over real HTTP.
 
-A database of its own (``<test database>_http``) is created and migrated with
-``manage.py``; gunicorn serves ``example_project.wsgi:application`` from it and
-the tests talk to it with urllib from many threads, as a client would.
+``tests/example_server.py`` creates its database and serves it; the tests talk to
+it with urllib from many threads, as a client would.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from django.conf import settings
-from django.db import connection
+
+from tests.example_server import Server, example_project, gunicorn, in_parallel
 
 pytestmark = pytest.mark.postgres
-
-ROOT = Path(__file__).resolve().parent.parent
-SECRET = "http-test-webhook-secret"
-USERS = {"alice": "alice-password", "bob": "bob-password"}
-TIMEOUT = 20.0
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def replayed(self) -> bool:
-        return self.headers.get("idempotent-replayed") == "true"
-
-
-@dataclass(frozen=True)
-class Server:
-    url: str
-    database: dict[str, Any]
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        user: str | None = "alice",
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        if user is not None:
-            token = base64.b64encode(f"{user}:{USERS[user]}".encode()).decode()
-            all_headers["Authorization"] = f"Basic {token}"
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers=all_headers
-        )
-        try:
-            with _OPENER.open(request, timeout=TIMEOUT) as response:
-                return _reply(response.status, response.headers, response.read())
-        except urllib.error.HTTPError as error:
-            return _reply(error.code, error.headers, error.read())
-
-    def create_order(self, body: Any, key: str | None, user: str = "alice") -> Reply:
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return self.request("POST", "/api/orders/", body, user=user, headers=headers)
-
-    def callback(self, body: Any, signature: str | None = "valid") -> Reply:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers = {}
-        if signature == "valid":
-            headers["X-Signature"] = hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
-        elif signature is not None:
-            headers["X-Signature"] = signature
-        return self.request("POST", "/api/payments/callback/", raw, user=None, headers=headers)
-
-    def count(self, sql: str, *params: Any) -> int:
-        with psycopg.connect(**self.database) as db:
-            row = db.execute(sql, params).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-# No proxy from the environment may stand between the tests and 127.0.0.1.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _reply(status: int, headers: Any, body: bytes) -> Reply:
-    return Reply(status, {name.lower(): value for name, value in headers.items()}, body)
-
-
-# --- the server -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    if connection.vendor != "postgresql":
-        pytest.fail("this test needs PostgreSQL: run it with DATABASE_URL=postgres://...")
-    database = _connection_params()
-    _recreate_database(database)
-    env = _environment(database)
-    try:
-        _manage(env, "migrate", "--noinput", "-v", "0")
-        _manage(env, "shell", "-c", _create_users_code())
-        with _gunicorn(env) as url:
-            yield Server(url=url, database=database)
-    finally:
-        _drop_database(database)
-
-
-def _connection_params() -> dict[str, Any]:
-    default = settings.DATABASES["default"]
-    params = {
-        "host": default.get("HOST") or "127.0.0.1",
-        "port": int(default.get("PORT") or 5432),
-        "user": default.get("USER") or "postgres",
-        "dbname": f"{default['NAME']}_http",
-    }
-    if default.get("PASSWORD"):
-        params["password"] = default["PASSWORD"]
-    return params
-
-
-def _admin_connection(database: dict[str, Any]) -> psycopg.Connection[Any]:
-    return psycopg.connect(**{**database, "dbname": "postgres"}, autocommit=True)
-
-
-def _recreate_database(database: dict[str, Any]) -> None:
-    name = psycopg.sql.Identifier(database["dbname"])
-    with _admin_connection(database) as admin:
-        admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        admin.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(name))
-
-
-def _drop_database(database: dict[str, Any]) -> None:
-    name = psycopg.sql.Identifier(database["dbname"])
-    with _admin_connection(database) as admin:
-        admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-
-
-def _environment(database: dict[str, Any]) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"TEST_DATABASE_NAME", "REQUIRE_POSTGRES"}
-    }
-    password = f":{database['password']}" if "password" in database else ""
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings",
-        DATABASE_URL=(
-            f"postgres://{database['user']}{password}@{database['host']}:{database['port']}"
-            f"/{database['dbname']}"
-        ),
-        SECRET_KEY="http-test-secret-key",
-        DEBUG="False",
-        ALLOWED_HOSTS="127.0.0.1",
-        PAYMENT_WEBHOOK_SECRET=SECRET,
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-
-
-def _create_users_code() -> str:
-    return "from django.contrib.auth.models import User\n" + "".join(
-        f"User.objects.create_user({name!r}, password={password!r})\n"
-        for name, password in USERS.items()
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextmanager
-def _gunicorn(env: dict[str, str]) -> Iterator[str]:
-    """Serves the example project for the ``with`` block; always stops it and prints its log."""
-    port = _free_port()
-    command = [
-        *(sys.executable, "-m", "gunicorn", "example_project.wsgi:application"),
-        *("--bind", f"127.0.0.1:{port}", "--workers", "3", "--threads", "4"),
-        *("--timeout", "30", "--graceful-timeout", "5"),
-        *_no_control_socket(),
-    ]
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_until_up(process, url)
-            yield url
-        finally:
-            _stop(process)
-            log.seek(0)
-            print(log.read().decode(errors="replace")[-5000:])
-
-
-def _no_control_socket() -> list[str]:
-    # Newer gunicorns open a control socket at one fixed path per user; parallel
-    # test runs would fight over it.
-    from gunicorn.config import KNOWN_SETTINGS
-
-    if any(setting.name == "control_socket" for setting in KNOWN_SETTINGS):
-        return ["--no-control-socket"]
-    return []
-
-
-def _wait_until_up(process: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"gunicorn exited with {process.returncode}")
-        try:
-            with _OPENER.open(url + "/", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail("gunicorn did not answer within 30 s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5)
-
-
-def _in_parallel(count: int, call: Any) -> list[Reply]:
-    """``count`` calls released together by a barrier, each on its own thread."""
-    barrier = threading.Barrier(count, timeout=TIMEOUT)
-
-    def one(_: int) -> Reply:
-        barrier.wait()
-        return call()
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(one, range(count), timeout=TIMEOUT * 3))
+    with example_project() as (database, env), gunicorn(env) as url:
+        yield Server(url=url, database=database)
 
 
 def _orders_with_sku(server: Server, sku: str) -> int:
@@ -361,7 +111,7 @@ def test_two_users_with_the_same_key_get_their_own_orders(server):
 
 
 def test_concurrent_duplicates_create_exactly_one_order(server):
-    replies = _in_parallel(
+    replies = in_parallel(
         20, lambda: server.create_order({"sku": "http-race", "quantity": 1}, key="http-race")
     )
 
@@ -405,7 +155,7 @@ def test_callback_repeated_changed_and_badly_signed(server, order_id):
     assert _records_with_key(server, "acme:H-1") == 0
 
     first = server.callback(_trade(order_id))
-    repeats = _in_parallel(8, lambda: server.callback(_trade(order_id)))
+    repeats = in_parallel(8, lambda: server.callback(_trade(order_id)))
     changed = server.callback(_trade(order_id, amount="99.00"))
 
     assert (first.status, first.json()) == (200, {"order_id": order_id, "status": "PAID"})
@@ -421,7 +171,7 @@ def test_callback_repeated_changed_and_badly_signed(server, order_id):
 
 
 def test_concurrent_first_callbacks_pay_once(server, order_id):
-    replies = _in_parallel(10, lambda: server.callback(_trade(order_id, trade_no="H-race")))
+    replies = in_parallel(10, lambda: server.callback(_trade(order_id, trade_no="H-race")))
 
     assert {reply.status for reply in replies} <= {200, 409}
     assert len([reply for reply in replies if reply.status == 200 and not reply.replayed]) == 1
