@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.example_server import ROOT, USERS, Server, example_project, gunicorn
+from tests.example_server import USERS, Server, example_project, gunicorn
 
 pytestmark = pytest.mark.postgres
 
@@ -30,7 +30,7 @@ def server() -> Iterator[Server]:
     ("schema_path", "excluded"),
     [("/api/schema/?format=json", ["api_reports_create"]), ("/ninja/openapi.json", [])],
 )
-def test_no_server_errors(server, schema_path, excluded):
+def test_no_server_errors(server, schema_path, excluded, tmp_path):
     command = [
         *(sys.executable, "-m", "schemathesis.cli", "run", server.url + schema_path),
         *("--url", server.url, "--auth", f"alice:{USERS['alice']}"),
@@ -43,7 +43,13 @@ def test_no_server_errors(server, schema_path, excluded):
         *(arg for operation in excluded for arg in ("--exclude-operation-id", operation)),
     ]
     result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+        # In a scratch directory: schemathesis and hypothesis keep their caches in the cwd.
+        command,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
 
     output = result.stdout + result.stderr
