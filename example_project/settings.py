@@ -86,6 +86,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The browsable API's forms carry a fresh idempotency key: it can create orders too.
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "idempotency.IdempotentBrowsableAPIRenderer",
+    ],
     # drf-spectacular's, plus the idempotency header and responses of protected operations.
     "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
 }

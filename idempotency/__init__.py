@@ -19,7 +19,12 @@ from idempotency.exceptions import (
 if TYPE_CHECKING:
     from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
     from idempotency.decorators import idempotent
-    from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
+    from idempotency.drf import (
+        IdempotencyAPIException,
+        IdempotentBrowsableAPIRenderer,
+        IdempotentCreateMixin,
+        IdempotentMixin,
+    )
     from idempotency.functions import idempotent_function
     from idempotency.http import IdempotencyOptions, mark_final
     from idempotency.models import IdempotencyRecord, Status
@@ -27,8 +32,9 @@ if TYPE_CHECKING:
     from idempotency.resolvers import Resolution, Resolver
     from idempotency.retention import purge
 
-# Everything below touches models or DRF, so it loads on first use: ``import
-# idempotency`` must work while Django is still populating the app registry.
+# Everything below touches models or DRF (only the DRF names need DRF installed), so
+# it loads on first use: ``import idempotency`` must work while Django is still
+# populating the app registry.
 _LAZY = {
     "Attempt": "idempotency.core",
     "Operation": "idempotency.core",
@@ -37,6 +43,8 @@ _LAZY = {
     "execute": "idempotency.core",
     "idempotent": "idempotency.decorators",
     "idempotent_function": "idempotency.functions",
+    "IdempotencyAPIException": "idempotency.drf",
+    "IdempotentBrowsableAPIRenderer": "idempotency.drf",
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
     "IdempotencyOptions": "idempotency.http",
@@ -54,8 +62,10 @@ _LAZY = {
 __all__ = [
     "Attempt",
     "IdempotencyError",
+    "IdempotencyAPIException",
     "IdempotencyOptions",
     "IdempotencyRecord",
+    "IdempotentBrowsableAPIRenderer",
     "IdempotentCreateMixin",
     "IdempotentMixin",
     "KeyInUse",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, router
 
 from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, load_callable
 from idempotency.models import PURGEABLE, IdempotencyRecord
@@ -200,6 +202,47 @@ def _database(user: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+def drf_installed() -> bool:
+    try:
+        import_module("rest_framework")
+    except ImportError:
+        return False
+    return True
+
+
+def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
+    if user.get("ERROR_FORMAT") != "drf" or drf_installed():
+        return []
+    return [
+        Error(
+            "IDEMPOTENCY['ERROR_FORMAT'] = 'drf' needs Django REST framework, which is not "
+            "installed.",
+            hint="pip install 'django-idempotency[drf]', or use the default 'problem' format.",
+            id="idempotency.E030",
+        )
+    ]
+
+
+def _lease_mode_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessage]:
+    # The request's transaction would hold the claim until the response: lease mode
+    # would silently become atomic mode, its lease and fencing of no use.
+    if user.get("MODE") != "lease":
+        return []
+    alias = user.get("DATABASE") or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    if not settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS"):
+        return []
+    return [
+        Warning(
+            f"IDEMPOTENCY['MODE'] is 'lease' but DATABASES[{alias!r}]['ATOMIC_REQUESTS'] is "
+            "True: each claim would commit only with its request, as in atomic mode.",
+            hint="Decorate the protected views with @transaction.non_atomic_requests (a "
+            "lease-mode request in a request transaction raises ImproperlyConfigured), "
+            "or leave MODE at 'atomic'.",
+            id="idempotency.W001",
+        )
+    ]
+
+
 CHECKS: list[Check] = [
     _unknown_keys,
     _string("HEADER", "idempotency.E003"),
@@ -223,4 +266,6 @@ CHECKS: list[Check] = [
     _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
     _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
+    _drf_error_format,
+    _lease_mode_under_atomic_requests,
 ]

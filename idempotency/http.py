@@ -183,7 +183,10 @@ def _form_key(request: AnyRequest) -> str | None:
     if (_django_request(request).content_type or "") not in _FORM_TYPES:
         return None
     data = parsed_body(request)
-    form: Mapping[str, Any] = request.POST if data is _UNPARSED else data
+    try:
+        form: Mapping[str, Any] = request.POST if data is _UNPARSED else data
+    except MultiPartParserError:
+        return None  # no key to read; the view rejects the body
     value = form.get(KEY_FORM_FIELD)
     return None if value is None else str(value)
 

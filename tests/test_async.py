@@ -9,33 +9,32 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.conf import settings
-from django.test import AsyncClient, Client
+from django.test import AsyncClient
 
 from idempotency.models import IdempotencyRecord, Status
 from tests.factories import UserFactory
-from tests.processes import process_env, python, start, stop
-from tests.servers import Reply, free_port, send, wait_until_up
+from tests.servers import ORDER, AsgiServer, send, uvicorn
 from tests.testapp.async_views import AsyncOrderView, async_order
 from tests.testapp.models import Order
-
-ORDER = {"sku": "book", "quantity": 2}
 
 
 def problem_code(body: bytes) -> str:
     return str(json.loads(body)["code"])
+
+
+def run(request: Awaitable[Any]) -> Any:
+    """Await an ``AsyncClient`` request from a sync test (its sync calls come back here)."""
+
+    async def wait() -> Any:
+        return await request
+
+    return async_to_sync(wait)()
 
 
 def test_the_decorated_view_and_method_stay_coroutine_functions():
@@ -65,9 +64,7 @@ class TestAsyncClient:
     ):
         if key is not None:
             headers["Idempotency-Key"] = key
-        return async_to_sync(client.post)(
-            path, body, content_type="application/json", headers=headers
-        )
+        return run(client.post(path, body, content_type="application/json", headers=headers))
 
     @pytest.mark.parametrize("path", ["/async/orders/", "/async/class-orders/"])
     def test_first_then_replay(self, client, path):
@@ -134,7 +131,7 @@ class TestAsyncClient:
         assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
 
     def test_safe_methods_pass_through(self, client):
-        response = async_to_sync(client.get)("/async/class-orders/")
+        response = run(client.get("/async/class-orders/"))
         assert response.status_code == 200
         assert IdempotencyRecord.objects.count() == 0
 
@@ -142,53 +139,10 @@ class TestAsyncClient:
 # --- under uvicorn, over real HTTP, on PostgreSQL --------------------------------------------
 
 
-@dataclass(frozen=True)
-class AsgiServer:
-    url: str
-    cookie: str
-
-    def post(self, path: str, body: Any = ORDER, key: str | None = "k-1", **headers: str) -> Reply:
-        all_headers = {"Cookie": self.cookie, **headers}
-        if key is not None:
-            all_headers["Idempotency-Key"] = key
-        return send(self.url + path, "POST", body, all_headers)
-
-    def together(self, requests: list[dict[str, Any]]) -> list[Reply]:
-        """Send all at once (a barrier releases them together), in parallel connections."""
-        barrier = threading.Barrier(len(requests))
-
-        def one(kwargs: dict[str, Any]) -> Reply:
-            barrier.wait(timeout=20)
-            return self.post(**kwargs)
-
-        with ThreadPoolExecutor(len(requests)) as pool:
-            return list(pool.map(one, requests))
-
-
 @pytest.fixture
-def uvicorn_server(django_db_blocker) -> Iterator[AsgiServer]:
-    user = UserFactory()
-    client = Client()
-    client.force_login(user)  # a session row, committed: the server reads it
-    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-    port = free_port()
-    command = python(
-        "-m",
-        "uvicorn",
-        "tests.asgi:application",
-        *("--host", "127.0.0.1", "--port", str(port)),
-        *("--lifespan", "off", "--no-access-log"),
-    )
-    with tempfile.NamedTemporaryFile(suffix=".log") as log_file:
-        log = Path(log_file.name)
-        process = start(command, process_env(PYTHONUNBUFFERED="1"), log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_until_up(process, url + "/async/class-orders/", "uvicorn")
-            yield AsgiServer(url=url, cookie=cookie)
-        finally:
-            stop(process)
-            sys.stdout.write(log.read_text(errors="replace")[-5000:])
+def uvicorn_server() -> Iterator[AsgiServer]:
+    with uvicorn("tests.settings", "/async/class-orders/") as server:
+        yield server
 
 
 @pytest.mark.postgres

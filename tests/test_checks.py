@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
@@ -71,7 +72,29 @@ def test_bad_setting_is_reported_by_id(error_id, setting):
 
 
 def test_every_check_id_is_tested():
-    assert ids_in_checks_module() == {error_id for error_id, _ in BAD_SETTINGS}
+    # E030 needs DRF missing: below, and for real in tests/test_without_drf.py.
+    tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E030"}
+    assert ids_in_checks_module() == tested
+
+
+def test_drf_error_format_needs_drf(monkeypatch):
+    monkeypatch.setattr(idempotency.checks, "drf_installed", lambda: False)
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"}):
+        (message,) = [m for m in run_checks() if m.id == "idempotency.E030"]
+    assert "django-idempotency[drf]" in message.hint
+
+
+def lease_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id == "idempotency.W001"]
+
+
+def test_lease_mode_under_atomic_requests_is_warned_with_the_fix(monkeypatch):
+    with override_settings(IDEMPOTENCY={"MODE": "lease"}):
+        assert lease_warnings() == []
+        monkeypatch.setitem(settings.DATABASES["default"], "ATOMIC_REQUESTS", True)
+        (message,) = lease_warnings()
+    assert "@transaction.non_atomic_requests" in message.hint
+    assert lease_warnings() == []  # atomic mode is what the request's transaction gives
 
 
 def test_defaults_pass():

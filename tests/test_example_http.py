@@ -6,6 +6,7 @@ it with urllib from many threads, as a client would.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,6 +57,26 @@ def test_first_request_then_replay_then_reuse_with_another_body(server):
     assert reused.headers["content-type"] == "application/problem+json"
     assert reused.json()["code"] == "idempotency_key_reused"
     assert _orders_with_sku(server, "http-1") == 1
+
+
+def test_the_browsable_api_creates_once_per_page_and_stores_json(server):
+    page = server.request("GET", "/api/orders/", headers={"Accept": "text/html"})
+    found = re.search(rb'name="_idempotency_key" value="([0-9a-f-]{36})"', page.body)
+    assert found is not None, "the browsable API's form carries no key"
+    form = f"sku=http-form&quantity=1&_idempotency_key={found[1].decode()}".encode()
+    headers = {"Accept": "text/html", "Content-Type": "application/x-www-form-urlencoded"}
+    first = server.request("POST", "/api/orders/", form, headers=headers)
+    again = server.request("POST", "/api/orders/", form, headers=headers)
+    as_json = server.request("POST", "/api/orders/", form, headers={**headers, "Accept": "*/*"})
+
+    assert (first.status, first.replayed) == (201, False)
+    assert first.headers["content-type"].startswith("text/html")
+    for replay in (again, as_json):
+        assert (replay.status, replay.replayed) == (201, True)
+        assert replay.headers["content-type"] == "application/json"
+        assert b"csrfmiddlewaretoken" not in replay.body
+    assert as_json.json()["sku"] == "http-form"
+    assert _orders_with_sku(server, "http-form") == 1
 
 
 @pytest.mark.parametrize(

@@ -19,4 +19,5 @@ urlpatterns = [
     path("flaky/", views.flaky),
     path("lease/", include("tests.testapp.lease_views")),
     path("async/", include("tests.testapp.async_views")),
+    path("drf/", include("tests.testapp.drf_views")),
 ]
