@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from openapi_spec_validator import validate
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.ninja import idempotent
 from tests.factories import UserFactory
+from tests.processes import process_env, python
 from tests.testapp.models import Order
 from tests.testapp.ninja_api import api
 
@@ -389,3 +391,55 @@ class TestAsyncOperations:
 
         assert "Idempotency-Key" in [p["name"] for p in operation["parameters"]]
         assert "Idempotent-Replayed" in operation["responses"]["201"]["headers"]
+
+
+WITHOUT_DRF = """
+import json, sys, types
+import django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+from django.urls import path
+from ninja import NinjaAPI
+from ninja.security import django_auth
+from idempotency.ninja import idempotent
+
+api = NinjaAPI(urls_namespace="nodrf", auth=django_auth)
+
+@api.post("/things")
+@idempotent()
+def create_thing(request, name: str):
+    return {"name": name}
+
+urls = types.ModuleType("nodrf_ninja_urls")
+urls.urlpatterns = [path("ninja/", api.urls)]
+sys.modules["nodrf_ninja_urls"] = urls
+call_command("migrate", verbosity=0)
+client = Client()
+client.force_login(User.objects.create_user("nodrf"))
+with override_settings(ROOT_URLCONF="nodrf_ninja_urls"):
+    first, again, missing = (
+        client.post("/ninja/things?name=a", headers=headers)
+        for headers in ({"Idempotency-Key": "k"}, {"Idempotency-Key": "k"}, {})
+    )
+    schema = api.get_openapi_schema(path_prefix="")
+assert (first.status_code, again.status_code, again["Idempotent-Replayed"]) == (200, 200, "true")
+assert json.loads(missing.content)["code"] == "idempotency_key_missing"
+assert "409" in json.dumps(schema)
+assert not [m for m, module in sys.modules.items() if m.startswith("rest_framework") and module]
+print("ok")
+"""
+
+
+def test_a_ninja_project_without_drf():
+    result = subprocess.run(
+        python("-c", WITHOUT_DRF),
+        env=process_env(database=False, DJANGO_SETTINGS_MODULE="tests.nodrf.settings"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
