@@ -27,7 +27,7 @@ from idempotency import openapi
 from idempotency.conf import idempotency_settings
 from idempotency.core import Mode
 from idempotency.exceptions import IdempotencyError
-from idempotency.http import IdempotencyOptions, default_scope, protect
+from idempotency.http import IdempotencyOptions, aprotect, default_scope, protect
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,8 +129,6 @@ def _sync_wrapper(
 def _async_wrapper(
     view: Callable[..., Awaitable[Any]], options: IdempotencyOptions, default_operation: str
 ) -> Callable[..., Awaitable[HttpResponseBase]]:
-    from idempotency.http import aprotect  # type: ignore[attr-defined]
-
     @wraps(view)
     async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         operation = _current(view)
