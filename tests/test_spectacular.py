@@ -83,6 +83,12 @@ def test_protected_operations_have_the_header_and_responses(schema, path, method
     assert is_documented_as_protected(operation)
 
 
+def test_a_header_the_view_declares_is_kept(schema):
+    (parameter,) = key_headers(schema["paths"]["/payable-orders/{id}/pay/"]["post"])
+
+    assert parameter["description"] == "One per payment intent."
+
+
 @pytest.mark.parametrize(("path", "method"), [("/ref-orders/", "post"), ("/webhook/", "post")])
 def test_a_key_read_elsewhere_has_responses_but_no_header(schema, path, method):
     operation = schema["paths"][path][method]

@@ -94,15 +94,17 @@ def describe(
     )
     registry.register_on_missing(problem)
     parameter = openapi.key_parameter(options)
-    if parameter is not None:
+    # A header the view already declares (``@extend_schema(parameters=...)``) is kept as is.
+    declared = {(p["name"].lower(), p["in"]) for p in operation.get("parameters", [])}
+    if parameter is not None and (parameter["name"].lower(), "header") not in declared:
         operation["parameters"] = [*operation.get("parameters", []), parameter]
     responses = operation.setdefault("responses", {})
     for status, extra in openapi.success_headers(list(responses)).items():
         responses[status].setdefault("headers", {}).update(extra["headers"])
     for status, response in openapi.error_responses(problem.ref).items():
-        declared = responses.setdefault(str(status), {"description": response["description"]})
-        declared.setdefault("content", {}).update(response["content"])
-        declared.setdefault("headers", {}).update(response.get("headers", {}))
-        if not declared["headers"]:
-            del declared["headers"]
+        existing = responses.setdefault(str(status), {"description": response["description"]})
+        existing.setdefault("content", {}).update(response["content"])
+        existing.setdefault("headers", {}).update(response.get("headers", {}))
+        if not existing["headers"]:
+            del existing["headers"]
     return operation

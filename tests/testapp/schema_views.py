@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
@@ -26,7 +26,19 @@ class KeyFromBodyOrderViewSet(OrderViewSet):
 class PayableOrderViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = OrderViewSet.serializer_class
 
-    @extend_schema(request=Empty, responses=Empty)
+    @extend_schema(
+        request=Empty,
+        responses=Empty,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                {"type": "string", "maxLength": 255},
+                OpenApiParameter.HEADER,
+                required=True,
+                description="One per payment intent.",
+            )
+        ],
+    )
     @action(detail=True, methods=["post"])
     @idempotent()
     def pay(self, request: Request, pk: str) -> Response:
