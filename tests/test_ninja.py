@@ -437,9 +437,11 @@ print("ok")
 
 
 def test_a_ninja_project_without_drf():
+    env = process_env(database=False, DJANGO_SETTINGS_MODULE="tests.nodrf.settings")
+    env.pop("PREPARED_STATEMENTS", None)  # psycopg options; this process uses in-memory SQLite
     result = subprocess.run(
         python("-c", WITHOUT_DRF),
-        env=process_env(database=False, DJANGO_SETTINGS_MODULE="tests.nodrf.settings"),
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
