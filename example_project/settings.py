@@ -22,6 +22,11 @@ if not SECRET_KEY:
     SECRET_KEY = "django-insecure-example-project-development-only"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
+# Only for test runs that drive the running project: every request authenticates,
+# and Django's default hasher is slow on purpose. Never set in production.
+if env.list("PASSWORD_HASHERS", default=[]):
+    PASSWORD_HASHERS = env.list("PASSWORD_HASHERS")
+
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # MariaDB/MySQL: full Unicode (Django 4.2 connects as 3-byte "utf8"), the session clock
@@ -40,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "idempotency",
     "example_project.shop",
     "example_project.reports",
@@ -58,6 +64,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
 
 TEMPLATES = [
     {
@@ -91,6 +98,15 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         "idempotency.IdempotentBrowsableAPIRenderer",
     ],
+    # drf-spectacular's, plus the idempotency header and responses of protected operations.
+    "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Shop (Django REST framework)",
+    "VERSION": "1.0.0",
+    "DESCRIPTION": "The example project of django-idempotency.",
+    "PREPROCESSING_HOOKS": ["example_project.shop.schema.without_unslashed_aliases"],
 }
 
 IDEMPOTENCY = {

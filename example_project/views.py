@@ -1,3 +1,5 @@
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -9,10 +11,15 @@ ENDPOINTS = {
     "order-list": "Orders of the caller. POST needs an Idempotency-Key header.",
     "payment-callback": "Payment provider callback, signed with X-Signature.",
     "report-list": 'Reports of the caller (lease mode). POST {"seconds": 0..30} with a key.',
+    "schema": "OpenAPI schema of the DRF API (drf-spectacular).",
+    "ninja:orders": "Orders through django-ninja. POST needs an Idempotency-Key header.",
+    "ninja:async-orders": "POST: the same, served by an async ninja operation.",
+    "ninja:openapi-json": "OpenAPI schema of the ninja API.",
     "admin:index": "Django admin.",
 }
 
 
+@extend_schema(responses=OpenApiTypes.OBJECT)
 @api_view(["GET"])
 @permission_classes([AllowAny])
 def api_root(request: Request) -> Response:

@@ -72,6 +72,7 @@ def idempotent(
                     request, lambda: view(*args, **kwargs), options, default_operation
                 )
 
+            async_wrapper.idempotency_options = options  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
 
         @wraps(view)
@@ -79,6 +80,8 @@ def idempotent(
             request = _find_request(args, view)
             return protect(request, lambda: view(*args, **kwargs), options, default_operation)
 
+        # Read by the schema extensions (idempotency.contrib.spectacular).
+        wrapper.idempotency_options = options  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorator

@@ -44,13 +44,13 @@ def _operation_name(view: type, action: str) -> str:
     return f"{view.__module__}.{view.__qualname__}.{action}"
 
 
+# The view mixins carry comments, not docstrings: schema generators (drf-spectacular)
+# describe an operation by the first docstring in its view's MRO, which would be ours.
+#
+# Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
+# Each ``get_idempotency_*`` hook can be overridden on a view; each class attribute
+# left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
 class IdempotentMixin:
-    """Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
-
-    Each ``get_idempotency_*`` hook can be overridden on a view; each class
-    attribute left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
-    """
-
     idempotency_operation: str | None = None
     idempotency_header: str | None = None
     idempotency_required: bool | None = None
@@ -126,9 +126,8 @@ class IdempotentMixin:
         return protect(request, handler, options, options.operation or "")
 
 
+# Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
 class IdempotentCreateMixin(IdempotentMixin):
-    """Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins."""
-
     idempotency_resolved_actions = ("create", "post")
 
     # ``Any``, not ``HttpResponseBase``: DRF's stubs type ``CreateModelMixin.create`` as

@@ -1,246 +1,27 @@
 """The example project under gunicorn (several worker processes) on PostgreSQL or MariaDB,
 over real HTTP.
 
-A database of its own (``<test database>_http``, on the test database's server) is
-created and migrated with ``manage.py``; gunicorn serves
-``example_project.wsgi:application`` from it and the tests talk to it with urllib from
-many threads, as a client would.
+``tests/example_server.py`` creates its database and serves it; the tests talk to
+it with urllib from many threads, as a client would.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
-from tests.processes import database_url
-from tests.servers import OPENER, Reply, free_port, to_reply
+from tests.example_server import Server, example_project, gunicorn, in_parallel
 
 pytestmark = pytest.mark.server_db
-
-ROOT = Path(__file__).resolve().parent.parent
-SECRET = "http-test-webhook-secret"
-USERS = {"alice": "alice-password", "bob": "bob-password"}
-# Per request. Generous: Basic auth hashes a password per request, and 24 of them at once
-# on a loaded 2-core machine queue for the CPU (not for the key: that wait is LOCK_TIMEOUT).
-TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class Server:
-    url: str
-    database: str
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        user: str | None = "alice",
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        if user is not None:
-            token = base64.b64encode(f"{user}:{USERS[user]}".encode()).decode()
-            all_headers["Authorization"] = f"Basic {token}"
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers=all_headers
-        )
-        try:
-            with OPENER.open(request, timeout=TIMEOUT) as response:
-                return to_reply(response.status, response.headers, response.read())
-        except urllib.error.HTTPError as error:
-            return to_reply(error.code, error.headers, error.read())
-
-    def create_order(self, body: Any, key: str | None, user: str = "alice") -> Reply:
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return self.request("POST", "/api/orders/", body, user=user, headers=headers)
-
-    def callback(self, body: Any, signature: str | None = "valid") -> Reply:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers = {}
-        if signature == "valid":
-            headers["X-Signature"] = hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
-        elif signature is not None:
-            headers["X-Signature"] = signature
-        return self.request("POST", "/api/payments/callback/", raw, user=None, headers=headers)
-
-    def count(self, sql: str, *params: Any) -> int:
-        with _server_connection(self.database) as db, db.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-# --- the server -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def server(django_db_blocker: Any) -> Iterator[Server]:
-    database = f"{connection.settings_dict['NAME']}_http"
-    # These tests read the server's database on connections of their own, not the test database.
-    with django_db_blocker.unblock():
-        _recreate_database(database)
-        env = _environment(database)
-        try:
-            _manage(env, "migrate", "--noinput", "-v", "0")
-            _manage(env, "shell", "-c", _create_users_code())
-            with _gunicorn(env) as url:
-                yield Server(url=url, database=database)
-        finally:
-            _drop_database(database)
-
-
-@contextmanager
-def _server_connection(name: str | None) -> Iterator[BaseDatabaseWrapper]:
-    """A connection of its own to database ``name`` on the test database's server
-    (``None``: to the server itself, to create or drop databases)."""
-    default = connections[DEFAULT_DB_ALIAS]
-    other = type(default)({**default.settings_dict, "NAME": name})
-    try:
-        yield other
-    finally:
-        other.close()
-
-
-def _recreate_database(name: str) -> None:
-    _drop_database(name)
-    with _server_connection(None) as server, server.cursor() as cursor:
-        suffix = connection.creation.sql_table_creation_suffix()  # encoding, collation
-        cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)} {suffix}")
-
-
-def _drop_database(name: str) -> None:
-    # PostgreSQL refuses while a connection is open; FORCE ends what a killed worker left.
-    force = " WITH (FORCE)" if connection.vendor == "postgresql" else ""
-    with _server_connection(None) as server, server.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {connection.ops.quote_name(name)}{force}")
-
-
-def _environment(database: str) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"TEST_DATABASE_NAME", "REQUIRE_POSTGRES", "REQUIRE_MARIADB"}
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings",
-        DATABASE_URL=database_url(database),
-        SECRET_KEY="http-test-secret-key",
-        DEBUG="False",
-        ALLOWED_HOSTS="127.0.0.1",
-        PAYMENT_WEBHOOK_SECRET=SECRET,
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-
-
-def _create_users_code() -> str:
-    return "from django.contrib.auth.models import User\n" + "".join(
-        f"User.objects.create_user({name!r}, password={password!r})\n"
-        for name, password in USERS.items()
-    )
-
-
-@contextmanager
-def _gunicorn(env: dict[str, str]) -> Iterator[str]:
-    """Serves the example project for the ``with`` block; always stops it and prints its log."""
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "gunicorn", "example_project.wsgi:application"),
-        *("--bind", f"127.0.0.1:{port}", "--workers", "3", "--threads", "4"),
-        *("--timeout", "30", "--graceful-timeout", "5"),
-        *_no_control_socket(),
-    ]
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_until_up(process, url)
-            yield url
-        finally:
-            _stop(process)
-            log.seek(0)
-            print(log.read().decode(errors="replace")[-5000:])
-
-
-def _no_control_socket() -> list[str]:
-    # Newer gunicorns open a control socket at one fixed path per user; parallel
-    # test runs would fight over it.
-    from gunicorn.config import KNOWN_SETTINGS
-
-    if any(setting.name == "control_socket" for setting in KNOWN_SETTINGS):
-        return ["--no-control-socket"]
-    return []
-
-
-def _wait_until_up(process: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"gunicorn exited with {process.returncode}")
-        try:
-            with OPENER.open(url + "/", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail("gunicorn did not answer within 30 s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5)
-
-
-def _in_parallel(count: int, call: Any) -> list[Reply]:
-    """``count`` calls released together by a barrier, each on its own thread."""
-    barrier = threading.Barrier(count, timeout=TIMEOUT)
-
-    def one(_: int) -> Reply:
-        barrier.wait()
-        return call()
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(one, range(count), timeout=TIMEOUT * 3))
+    with example_project(django_db_blocker) as (database, env), gunicorn(env) as url:
+        yield Server(url=url, database=database)
 
 
 def _orders_with_sku(server: Server, sku: str) -> int:
@@ -352,7 +133,7 @@ def test_two_users_with_the_same_key_get_their_own_orders(server):
 
 
 def test_concurrent_duplicates_create_exactly_one_order(server):
-    replies = _in_parallel(
+    replies = in_parallel(
         24, lambda: server.create_order({"sku": "http-race", "quantity": 1}, key="http-race")
     )
 
@@ -396,7 +177,7 @@ def test_callback_repeated_changed_and_badly_signed(server, order_id):
     assert _records_with_key(server, "acme:H-1") == 0
 
     first = server.callback(_trade(order_id))
-    repeats = _in_parallel(8, lambda: server.callback(_trade(order_id)))
+    repeats = in_parallel(8, lambda: server.callback(_trade(order_id)))
     changed = server.callback(_trade(order_id, amount="99.00"))
 
     assert (first.status, first.json()) == (200, {"order_id": order_id, "status": "PAID"})
@@ -412,7 +193,7 @@ def test_callback_repeated_changed_and_badly_signed(server, order_id):
 
 
 def test_concurrent_first_callbacks_pay_once(server, order_id):
-    replies = _in_parallel(10, lambda: server.callback(_trade(order_id, trade_no="H-race")))
+    replies = in_parallel(10, lambda: server.callback(_trade(order_id, trade_no="H-race")))
 
     assert {reply.status for reply in replies} <= {200, 409}
     assert len([reply for reply in replies if reply.status == 200 and not reply.replayed]) == 1

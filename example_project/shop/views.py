@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from rest_framework import viewsets
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, viewsets
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.exceptions import APIException
 from rest_framework.permissions import IsAuthenticated
@@ -59,6 +60,13 @@ def provider_scope(request: Request, operation: str) -> str:
     return f"payments:{_trade(request)['provider']}"
 
 
+@extend_schema(
+    request=PaymentCallbackSerializer,
+    responses=inline_serializer(
+        "PaymentResult",
+        {"order_id": serializers.IntegerField(), "status": serializers.CharField()},
+    ),
+)
 @api_view(["POST"])
 @authentication_classes([PaymentSignatureAuthentication])
 @permission_classes([IsAuthenticated])

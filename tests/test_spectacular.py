@@ -1,0 +1,214 @@
+"""``idempotency.contrib.spectacular``: the OpenAPI schema of protected DRF operations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from openapi_spec_validator import validate
+
+from idempotency.contrib.spectacular import IdempotencySchemaMixin
+from tests.processes import ROOT
+
+KEY_HEADERS = {"Idempotency-Key", "X-Request-Id"}
+
+
+class ProjectAutoSchema(IdempotencySchemaMixin, SpectacularAutoSchema):
+    """A project's own schema class, with the idempotency mixin first among its bases."""
+
+    def get_tags(self) -> list[str]:
+        return ["project"]
+
+
+def generate(schema_class: str = "idempotency.contrib.spectacular.AutoSchema") -> dict[str, Any]:
+    rest_framework = {**settings.REST_FRAMEWORK, "DEFAULT_SCHEMA_CLASS": schema_class}
+    with override_settings(REST_FRAMEWORK=rest_framework):
+        generated = SchemaGenerator(urlconf="tests.spectacular_urls").get_schema(public=True)
+    # Through JSON, as a client reads it.
+    schema: dict[str, Any] = json.loads(json.dumps(generated))
+    return schema
+
+
+def key_headers(operation: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in operation.get("parameters", []) if p["name"] in KEY_HEADERS]
+
+
+def is_documented_as_protected(operation: dict[str, Any]) -> bool:
+    responses = operation["responses"]
+    return {"400", "409", "422"} <= set(responses) and all(
+        "Idempotent-Replayed" in response.get("headers", {})
+        for status, response in responses.items()
+        if status.startswith("2")
+    )
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return generate()
+
+
+def test_schema_is_valid_openapi(schema):
+    validate(schema)
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "header", "required"),
+    [
+        ("/orders/", "post", "Idempotency-Key", True),
+        ("/optional-orders/", "post", "Idempotency-Key", False),
+        ("/lease-orders/", "post", "Idempotency-Key", True),
+        ("/payable-orders/{id}/pay/", "post", "Idempotency-Key", True),
+        ("/refunds/", "post", "X-Request-Id", False),
+        ("/transfers/", "post", "Idempotency-Key", True),
+    ],
+)
+def test_protected_operations_have_the_header_and_responses(schema, path, method, header, required):
+    operation = schema["paths"][path][method]
+
+    (parameter,) = key_headers(operation)
+    assert (parameter["name"], parameter["in"], parameter["required"]) == (
+        header,
+        "header",
+        required,
+    )
+    assert parameter["schema"]["maxLength"] == 255
+    assert is_documented_as_protected(operation)
+
+
+def test_a_header_the_view_declares_is_kept(schema):
+    (parameter,) = key_headers(schema["paths"]["/payable-orders/{id}/pay/"]["post"])
+
+    assert parameter["description"] == "One per payment intent."
+
+
+@pytest.mark.parametrize(("path", "method"), [("/ref-orders/", "post"), ("/webhook/", "post")])
+def test_a_key_read_elsewhere_has_responses_but_no_header(schema, path, method):
+    operation = schema["paths"][path][method]
+
+    assert key_headers(operation) == []
+    assert is_documented_as_protected(operation)
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/orders/", "get"),
+        ("/orders/{id}/", "get"),
+        ("/orders/{id}/", "put"),
+        ("/orders/{id}/", "patch"),
+        ("/orders/{id}/", "delete"),
+        ("/payable-orders/", "get"),
+        ("/refunds/", "get"),
+        ("/transfers/", "get"),
+    ],
+)
+def test_other_operations_are_left_alone(schema, path, method):
+    operation = schema["paths"][path][method]
+
+    assert key_headers(operation) == []
+    assert not {"409", "422"} & set(operation["responses"])
+    for response in operation["responses"].values():
+        assert "Idempotent-Replayed" not in response.get("headers", {})
+
+
+def test_problem_responses_carry_their_codes_and_retry_after(schema):
+    responses = schema["paths"]["/orders/"]["post"]["responses"]
+    problem = schema["components"]["schemas"]["IdempotencyProblem"]
+
+    for status, code in [
+        ("400", "idempotency_key_missing"),
+        ("400", "idempotency_key_invalid"),
+        ("409", "idempotency_key_in_use"),
+        ("422", "idempotency_key_reused"),
+    ]:
+        content = responses[status]["content"]["application/problem+json"]
+        assert content["schema"] == {"$ref": "#/components/schemas/IdempotencyProblem"}
+        assert code in responses[status]["description"]
+        assert code in problem["properties"]["code"]["description"]
+    assert responses["409"]["headers"]["Retry-After"]["schema"]["type"] == "integer"
+    assert "application/json" in responses["201"]["content"]
+
+
+def test_settings_decide_the_header_name_length_and_requirement():
+    with override_settings(
+        IDEMPOTENCY={"HEADER": "X-Idem", "MAX_KEY_LENGTH": 64, "REQUIRE_KEY": False}
+    ):
+        schema = generate()
+
+    parameters = schema["paths"]["/orders/"]["post"]["parameters"]
+    (parameter,) = [p for p in parameters if p["name"] == "X-Idem"]
+    assert (parameter["required"], parameter["schema"]["maxLength"]) == (False, 64)
+
+
+@pytest.mark.parametrize(
+    "schema_class",
+    ["drf_spectacular.openapi.AutoSchema", "idempotency.contrib.spectacular.AutoSchema"],
+)
+def test_the_mixins_docstrings_never_describe_an_operation(schema_class):
+    # tests.testapp.views.OrderViewSet has no docstring of its own.
+    schema = generate(schema_class)
+
+    descriptions = [
+        operation.get("description", "")
+        for operations in schema["paths"].values()
+        for operation in operations.values()
+    ]
+    assert not any("create" in text or "Hooks" in text for text in descriptions), descriptions
+
+
+def test_a_projects_own_schema_class_keeps_its_behaviour():
+    schema = generate("tests.test_spectacular.ProjectAutoSchema")
+
+    operation = schema["paths"]["/orders/"]["post"]
+    assert operation["tags"] == ["project"]
+    assert is_documented_as_protected(operation)
+
+
+# --- the example project ----------------------------------------------------------------
+
+
+def example_schema() -> dict[str, Any]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "example_project.settings"}
+    env.pop("DATABASE_URL", None)  # generating the schema reads no database
+    result = subprocess.run(
+        [sys.executable, "manage.py", "spectacular", "--validate", "--fail-on-warn"]
+        + ["--format", "openapi-json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    schema: dict[str, Any] = json.loads(result.stdout)
+    return schema
+
+
+def test_example_project_schema_is_valid_and_documents_protected_operations():
+    schema = example_schema()
+    validate(schema)
+    paths = schema["paths"]
+
+    for path in ("/api/orders/", "/api/reports/"):
+        assert [p["name"] for p in key_headers(paths[path]["post"])] == ["Idempotency-Key"]
+        assert is_documented_as_protected(paths[path]["post"])
+        assert key_headers(paths[path]["get"]) == []
+    callback = paths["/api/payments/callback/"]["post"]
+    assert key_headers(callback) == []  # keyed by the provider's trade number
+    assert is_documented_as_protected(callback)
+    for operation in paths["/api/orders/{id}/"].values():
+        assert key_headers(operation) == []
+        assert not {"409", "422"} & set(operation["responses"])
+    assert not any(
+        "Protects" in operation.get("description", "")
+        for operations in paths.values()
+        for operation in operations.values()
+    )
