@@ -53,9 +53,18 @@ class Operation:
     # Who says what happened when a lease is lost: a callable or a dotted path
     # (see idempotency.resolvers); None looks it up by ``name``.
     resolver: ResolverSpec | None = None
+    # Lease mode: how long a duplicate of an in-flight attempt waits for its
+    # outcome before ``KeyInUse``; None reads WAIT_SECONDS.
+    wait_seconds: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
+
+    @property
+    def wait_for(self) -> float:
+        if self.wait_seconds is not None:
+            return self.wait_seconds
+        return idempotency_settings.WAIT_SECONDS
 
     @property
     def database(self) -> str:
