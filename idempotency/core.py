@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
-from idempotency import postgres, signals
+from idempotency import postgres, signals, waiting
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -111,6 +112,7 @@ class Attempt:
     record: IdempotencyRecord
     owner_token: str
     resource_id: str = ""
+    started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
 
     def renew(self, seconds: float | None = None) -> None:
         if self.operation.mode != "lease":
@@ -121,6 +123,13 @@ class Attempt:
         )
         if not updated:
             raise LeaseLost()
+
+
+class _InFlight(Exception):
+    """A live attempt holds the key: a 409, unless the duplicate may wait for its outcome."""
+
+    def __init__(self, record: IdempotencyRecord) -> None:
+        self.record = record
 
 
 class _Discarded(Exception):
@@ -166,6 +175,8 @@ def _execute_atomic(
                 return value
     except _Discarded as discarded:
         return discarded.value  # type: ignore[return-value]
+    except _InFlight as busy:
+        raise _in_use(operation, busy.record) from None
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
     return _replay(operation, existing, replay)
 
@@ -177,7 +188,7 @@ def _execute_leased(
     decide: Callable[[T, Attempt], Outcome | None],
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
-    attempt, existing = _claim_committed(operation)
+    attempt, existing = _claim_or_wait(operation)
     if attempt is None:
         return _replay(operation, existing, replay)
     try:
@@ -195,6 +206,32 @@ def _execute_leased(
     return value
 
 
+def _claim_or_wait(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+    """Lease mode: claim; a duplicate of a live attempt may first wait for its outcome.
+
+    Woken when the record may have changed, it claims again: that replays the
+    outcome, re-claims a released key (one waiter wins, the others wait on for
+    its outcome) or finds the attempt still running. Bounded by ``wait_for``
+    and by ``MAX_WAITERS`` per process; never inside a transaction.
+    """
+    try:
+        return _claim_committed(operation)
+    except _InFlight as busy:
+        in_flight = busy.record
+    connection = transaction.get_connection(operation.database)
+    if operation.wait_for <= 0 or connection.in_atomic_block:
+        raise _in_use(operation, in_flight)
+    deadline = time.monotonic() + operation.wait_for
+    with waiting.waiters.admitted() as admitted:
+        while admitted and (left := deadline - time.monotonic()) > 0:
+            _wait_for_outcome(operation, left)
+            try:
+                return _claim_committed(operation)
+            except _InFlight as busy:
+                in_flight = busy.record
+    raise _in_use(operation, in_flight)
+
+
 def _replay(
     operation: Operation,
     record: IdempotencyRecord | None,
@@ -202,7 +239,7 @@ def _replay(
 ) -> T:
     assert record is not None
     if record.status not in REPLAYABLE:
-        raise _in_use(operation, record)  # a lost lease whose outcome is still unknown
+        raise _in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
@@ -261,7 +298,7 @@ def _settle_claim(
         return _claimed(operation, record, token, reclaimed=True), None
     if _lease_lost(record):
         return _after_lost_lease(operation, record, token)
-    raise _in_use(operation, record)
+    raise _InFlight(record)
 
 
 def _lease_lost(record: IdempotencyRecord) -> bool:
@@ -391,13 +428,27 @@ def _reclaim(operation: Operation, record: IdempotencyRecord, token: str) -> Non
     record.status = Status.PROCESSING
 
 
-def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
-    retry_after = idempotency_settings.RETRY_AFTER
-    remaining = getattr(record, "lease_remaining", None)
-    if remaining is not None and remaining > timedelta(0):
-        retry_after = max(retry_after, math.ceil(remaining.total_seconds()))
+def _in_use(
+    operation: Operation, record: IdempotencyRecord, *, unresolved: bool = False
+) -> KeyInUse:
+    remaining: timedelta | None = getattr(record, "lease_remaining", None)
+    if unresolved:
+        # The resolver answered "unknown": it is asked again when this pause (the lease) ends.
+        pause = remaining.total_seconds() if remaining is not None else 0
+        retry_after = max(idempotency_settings.RETRY_AFTER, math.ceil(pause))
+    else:
+        retry_after = waiting.retry_after(
+            operation.name, elapsed=_running_for(record, remaining), lease_remaining=remaining
+        )
     signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
     return KeyInUse(retry_after=retry_after)
+
+
+def _running_for(record: IdempotencyRecord, remaining: timedelta | None) -> timedelta | None:
+    """How long the record's attempt has run, by the database clock (claims set ``updated_at``)."""
+    if remaining is None or record.lease_until is None or record.updated_at is None:
+        return None
+    return record.lease_until - remaining - record.updated_at
 
 
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
@@ -425,6 +476,9 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
         )
     if not updated:
         raise LeaseLost()
+    if operation.mode == "lease":
+        waiting.durations.add(operation.name, time.monotonic() - attempt.started)
+        _announce(operation)
     signals.record_completed.send(
         IdempotencyRecord,
         record=attempt.record,
@@ -436,7 +490,8 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
 def _release(attempt: Attempt, *, delete: bool) -> None:
     owned = _owned(attempt.operation, attempt.record.pk, attempt.owner_token)
     if delete:
-        owned.delete()
+        if owned.delete()[0]:
+            _announce(attempt.operation)
         return
     released = owned.update(
         status=Status.FAILED_RETRYABLE,
@@ -446,6 +501,7 @@ def _release(attempt: Attempt, *, delete: bool) -> None:
         version=F("version") + 1,
     )
     if released:
+        _announce(attempt.operation)
         signals.record_completed.send(
             IdempotencyRecord,
             record=attempt.record,
@@ -519,3 +575,16 @@ def _is_lock_timeout(exc: OperationalError) -> bool:
     cause = exc.__cause__
     state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     return state == _LOCK_NOT_AVAILABLE or "database is locked" in str(exc)
+
+
+def _announce(operation: Operation) -> None:
+    """Wake the duplicates waiting for this key's outcome, if any may wait."""
+    if operation.wait_for > 0:
+        _STORE_SHIM.notify_waiters(operation.database, operation.scope, operation.key)
+
+
+def _wait_for_outcome(operation: Operation, seconds: float) -> None:
+    _STORE_SHIM.wait_for_outcome(operation.database, operation.scope, operation.key, seconds)
+
+
+from idempotency import _store_shim as _STORE_SHIM  # noqa: E402  (replaced by the stores)

@@ -88,14 +88,22 @@ class TestDuplicatesDuringTheLease:
         assert stored.resource_id == str(response.json()["id"])
         assert orders() == 1
 
-    def test_duplicate_gets_409_with_retry_after_from_the_remaining_lease(self, client):
+    def test_duplicate_gets_409_with_a_short_retry_after_not_the_whole_lease(self, client):
         post(client)
         hold(seconds=20)
         response = post(client)
         assert response.status_code == 409
         assert response.json()["code"] == "idempotency_key_in_use"
-        assert 19 <= int(response["Retry-After"]) <= 20
+        assert response["Retry-After"] == "1"  # RETRY_AFTER: no durations known here
         assert orders() == 1
+
+    def test_retry_after_is_never_past_the_remaining_lease(self, client):
+        post(client)
+        hold(seconds=20)
+        with override_settings(IDEMPOTENCY={"RETRY_AFTER": 60}):
+            response = post(client)
+        assert response.status_code == 409
+        assert 19 <= int(response["Retry-After"]) <= 20
 
     def test_retry_after_is_at_least_one_second(self, client):
         post(client)
@@ -110,7 +118,8 @@ class TestDuplicatesDuringTheLease:
         # The application server's clock is a day ahead: the lease must still be live.
         ahead = timezone.now() + timedelta(days=1)
         monkeypatch.setattr(timezone, "now", lambda: ahead)
-        response = post(client)
+        with override_settings(IDEMPOTENCY={"RETRY_AFTER": 60}):  # the lease bounds it
+            response = post(client)
         assert response.status_code == 409
         assert 29 <= int(response["Retry-After"]) <= 30
 

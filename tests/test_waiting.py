@@ -1,0 +1,460 @@
+"""Duplicates of a lease-mode attempt in flight: waiting for its outcome, and ``Retry-After``.
+
+Real PostgreSQL, real threads, each request on its own connection: the first
+attempt runs a 2-3 s job, a duplicate arrives during it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from idempotency import waiting
+from idempotency.core import Operation, Outcome, StoredResponse, execute
+from idempotency.drf import IdempotentMixin
+from idempotency.exceptions import KeyInUse
+from idempotency.fingerprint import fingerprint
+from idempotency.http import IdempotencyOptions
+from idempotency.models import IdempotencyRecord, Status
+from tests.factories import UserFactory
+from tests.testapp.lease_views import LEASE_OPERATION, WAITING_OPERATION, sku_for
+from tests.testapp.models import Order
+
+WAITING_URL = "/lease/waiting-orders/"  # wait_seconds=5 on the view
+URL = "/lease/orders/"  # waits only as WAIT_SECONDS says
+BODY = {"sku": "report"}
+JOIN_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def alice() -> Any:
+    return UserFactory(username="alice")
+
+
+@dataclass
+class Sent:
+    """One request sent from its own thread (and so its own database connection)."""
+
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    queries: list[str] = field(default_factory=list)
+    backend_pid: int | None = None
+    connected: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def replayed(self) -> bool:
+        return self.headers.get("Idempotent-Replayed") == "true"
+
+
+def send(user: Any, url: str, key: str, **headers: str) -> tuple[threading.Thread, Sent]:
+    sent = Sent()
+
+    def run() -> None:
+        # The test client's exception hook is process-wide: another thread's error
+        # would surface here. A failing view is a 500, as a server would answer.
+        client = APIClient(raise_request_exception=False)
+        client.force_authenticate(user)
+        connection.ensure_connection()
+        sent.backend_pid = connection.connection.info.backend_pid if _postgres() else None
+        sent.connected.set()
+
+        def count(execute: Any, sql: str, *args: Any) -> Any:
+            sent.queries.append(sql)
+            return execute(sql, *args)
+
+        started = time.monotonic()
+        try:
+            with connection.execute_wrapper(count):
+                response = client.post(
+                    url, BODY, format="json", HTTP_IDEMPOTENCY_KEY=key, **_meta(headers)
+                )
+            sent.status, sent.headers = response.status_code, dict(response.items())
+            sent.body = response.json() if response.content else None
+        except BaseException as exc:  # the test reads it
+            sent.error = exc
+        finally:
+            sent.seconds = time.monotonic() - started
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, sent
+
+
+def done(thread: threading.Thread) -> None:
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive(), "a request hung"
+
+
+def _meta(headers: dict[str, str]) -> dict[str, str]:
+    return {f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers.items()}
+
+
+def _postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def in_flight(key: str) -> bool:
+    return IdempotencyRecord.objects.filter(idem_key=key, status=Status.PROCESSING).exists()
+
+
+def orders(key: str) -> int:
+    return Order.objects.filter(sku=sku_for(key)).count()
+
+
+@pytest.fixture
+def durations(monkeypatch: pytest.MonkeyPatch) -> Iterator[waiting.Durations]:
+    fresh = waiting.Durations()
+    monkeypatch.setattr(waiting, "durations", fresh)
+    yield fresh
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+class TestWaitingForTheOutcome:
+    def test_duplicate_waits_for_the_first_attempt_and_gets_its_response(self, alice):
+        first_thread, first = send(alice, WAITING_URL, "wait-1", **{"X-Sleep": "2.5"})
+        until(lambda: in_flight("wait-1"))
+        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-1")
+        done(duplicate_thread)
+        done(first_thread)
+        assert first.error is None and duplicate.error is None
+        assert first.status == 201 and not first.replayed
+        assert duplicate.status == 201 and duplicate.replayed
+        assert duplicate.body == first.body
+        assert orders("wait-1") == 1
+        # It waited on a notification, not in a loop of queries.
+        assert len(duplicate.queries) <= 12, duplicate.queries
+
+    def test_waiting_comes_from_the_setting_too(self, alice):
+        with override_settings(IDEMPOTENCY={"WAIT_SECONDS": 5}):
+            first_thread, first = send(alice, URL, "wait-2", **{"X-Sleep": "2"})
+            until(lambda: in_flight("wait-2"))
+            duplicate_thread, duplicate = send(alice, URL, "wait-2")
+            done(duplicate_thread)
+            done(first_thread)
+        assert (first.status, duplicate.status, duplicate.replayed) == (201, 201, True)
+        assert orders("wait-2") == 1
+
+    def test_waiting_past_the_bound_gets_409_at_the_bound(self, alice):
+        with override_settings(IDEMPOTENCY={"WAIT_SECONDS": 1}):
+            first_thread, first = send(alice, URL, "wait-3", **{"X-Sleep": "3"})
+            until(lambda: in_flight("wait-3"))
+            duplicate_thread, duplicate = send(alice, URL, "wait-3")
+            done(duplicate_thread)
+            first_still_running = first_thread.is_alive()
+            done(first_thread)
+        assert duplicate.status == 409
+        assert duplicate.body["code"] == "idempotency_key_in_use"
+        assert 0.9 <= duplicate.seconds < 2.9, duplicate.seconds
+        assert first_still_running
+        assert first.status == 201
+        assert orders("wait-3") == 1
+
+    def test_waiting_duplicate_holds_no_transaction_and_no_lock(self, alice):
+        first_thread, first = send(alice, WAITING_URL, "wait-4", **{"X-Sleep": "3"})
+        until(lambda: in_flight("wait-4"))
+        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-4")
+        assert duplicate.connected.wait(JOIN_TIMEOUT)
+        until(lambda: waiting.waiters.count == 1)
+        time.sleep(0.3)  # well inside its wait
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT state, xact_start, backend_xid FROM pg_stat_activity WHERE pid = %s",
+                [duplicate.backend_pid],
+            )
+            state, xact_start, xid = cursor.fetchone()
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", [duplicate.backend_pid])
+            (locks,) = cursor.fetchone()
+        done(duplicate_thread)
+        done(first_thread)
+        assert (state, xact_start, xid, locks) == ("idle", None, None, 0)
+        assert duplicate.status == 201 and duplicate.replayed
+        assert orders("wait-4") == 1
+
+    def test_waiting_duplicate_leaves_its_connection_listening_to_nothing(self, alice):
+        first_thread, _ = send(alice, WAITING_URL, "wait-5", **{"X-Sleep": "1.5"})
+        until(lambda: in_flight("wait-5"))
+        channels: list[Any] = []
+
+        def waiter() -> None:
+            client = APIClient()
+            client.force_authenticate(alice)
+            try:
+                client.post(WAITING_URL, BODY, format="json", HTTP_IDEMPOTENCY_KEY="wait-5")
+                with connection.cursor() as cursor:  # the same (persistent) connection
+                    cursor.execute("SELECT pg_listening_channels()")
+                    channels.extend(cursor.fetchall())
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        done(thread)
+        done(first_thread)
+        assert channels == []
+
+    def test_first_attempt_failing_lets_the_waiting_duplicate_run_once(self, alice):
+        # X-Fail is a header: the same request, whose first attempt raises (FAILED_RETRYABLE).
+        first_thread, first = send(alice, WAITING_URL, "wait-6", **{"X-Sleep": "2", "X-Fail": "1"})
+        until(lambda: in_flight("wait-6"))
+        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-6")
+        done(first_thread)
+        done(duplicate_thread)
+        assert first.status == 500
+        assert duplicate.error is None
+        assert duplicate.status == 201 and not duplicate.replayed
+        assert duplicate.seconds < 4.5  # woken by the release, not by the end of its wait
+        stored = IdempotencyRecord.objects.get(idem_key="wait-6")
+        assert (stored.status, stored.attempts) == (Status.SUCCEEDED, 2)
+        assert orders("wait-6") == 1
+
+    def test_first_attempt_not_recorded_lets_the_waiting_duplicate_run_once(self, alice):
+        # A 400 is not recorded: the record is deleted and the key is free again.
+        first_thread, first = send(
+            alice, WAITING_URL, "wait-7", **{"X-Sleep": "2", "X-Reject": "1"}
+        )
+        until(lambda: in_flight("wait-7"))
+        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-7")
+        done(first_thread)
+        done(duplicate_thread)
+        assert first.status == 400
+        assert duplicate.status == 201 and not duplicate.replayed
+        assert duplicate.seconds < 4.5
+        assert IdempotencyRecord.objects.get(idem_key="wait-7").status == Status.SUCCEEDED
+        assert orders("wait-7") == 1
+
+    def test_many_waiting_duplicates_all_get_the_outcome_of_one_effect(self, alice):
+        first_thread, first = send(alice, WAITING_URL, "wait-8", **{"X-Sleep": "2"})
+        until(lambda: in_flight("wait-8"))
+        duplicates = [send(alice, WAITING_URL, "wait-8") for _ in range(6)]
+        for thread, _ in duplicates:
+            done(thread)
+        done(first_thread)
+        assert [(d.status, d.replayed) for _, d in duplicates] == [(201, True)] * 6
+        assert {str(d.body) for _, d in duplicates} == {str(first.body)}
+        assert orders("wait-8") == 1
+
+    def test_past_max_waiters_duplicates_get_409_at_once(self, alice):
+        with override_settings(IDEMPOTENCY={"MAX_WAITERS": 2}):
+            first_thread, first = send(alice, WAITING_URL, "wait-9", **{"X-Sleep": "3"})
+            until(lambda: in_flight("wait-9"))
+            waiting_ones = [send(alice, WAITING_URL, "wait-9") for _ in range(2)]
+            until(lambda: waiting.waiters.count == 2)
+            turned_away = [send(alice, WAITING_URL, "wait-9") for _ in range(3)]
+            for thread, _ in [*turned_away, *waiting_ones]:
+                done(thread)
+            done(first_thread)
+        assert [d.status for _, d in waiting_ones] == [201, 201]
+        assert [d.status for _, d in turned_away] == [409, 409, 409]
+        assert all(d.seconds < 1.5 for _, d in turned_away), [d.seconds for _, d in turned_away]
+        assert orders("wait-9") == 1
+
+    def test_finish_notifies_only_where_duplicates_may_wait(self, alice):
+        def run(key: str, wait_seconds: float) -> None:
+            operation = Operation(
+                scope=f"user:{alice.pk}:tests.notify",
+                key=key,
+                request_hash=fingerprint(["notify"]),
+                name="tests.notify",
+                mode="lease",
+                wait_seconds=wait_seconds,
+            )
+            execute(
+                operation,
+                lambda attempt: "ran",
+                decide=lambda value, attempt: Outcome(Status.SUCCEEDED, StoredResponse(201)),
+                replay=lambda record: "replayed",
+            )
+
+        heard = _notifications(lambda: run("notify-1", 5), channel_of(alice, "notify-1"))
+        assert heard == 1
+        unheard = _notifications(lambda: run("notify-2", 0), channel_of(alice, "notify-2"))
+        assert unheard == 0
+
+
+def channel_of(user: Any, key: str) -> str:
+    from idempotency._store_shim import channel
+
+    return channel(f"user:{user.pk}:tests.notify", key)
+
+
+def _notifications(action: Callable[[], None], channel: str) -> int:
+    listener = connection.connection
+    with connection.cursor() as cursor:
+        cursor.execute(f'LISTEN "{channel}"')
+    try:
+        action()
+        return sum(1 for _ in listener.notifies(timeout=0.5))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'UNLISTEN "{channel}"')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_polling_wait_on_any_database(alice, monkeypatch):
+    """Where no notification exists (SQLite here; PostgreSQL too), waiting polls, bounded."""
+    operation = Operation(
+        scope=f"user:{alice.pk}:tests.poll",
+        key="poll-1",
+        request_hash=fingerprint(["poll"]),
+        name="tests.poll",
+        mode="lease",
+        wait_seconds=5,
+    )
+    effects: list[str] = []
+    claimed = threading.Event()
+
+    def work(attempt: Any) -> str:
+        claimed.set()
+        time.sleep(1.5)
+        effects.append("ran")
+        return "ran"
+
+    def run() -> Any:
+        try:
+            return execute(
+                operation,
+                work,
+                decide=lambda value, attempt: Outcome(Status.SUCCEEDED, StoredResponse(201)),
+                replay=lambda record: "replayed",
+            )
+        finally:
+            connection.close()
+
+    results: list[Any] = []
+    first = threading.Thread(target=lambda: results.append(run()), daemon=True)
+    first.start()
+    assert claimed.wait(JOIN_TIMEOUT)
+    from idempotency import _store_shim
+
+    monkeypatch.setattr(_store_shim, "wait_for_outcome", _store_shim.generic_wait)
+    started = time.monotonic()
+    duplicate = run_in_thread(run)
+    seconds = time.monotonic() - started
+    done(first)
+    assert results == ["ran"]
+    assert duplicate == "replayed"
+    assert effects == ["ran"]
+    assert seconds < 4.0
+
+
+def run_in_thread(call: Callable[[], Any]) -> Any:
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    done(thread)
+    return box[0]
+
+
+class TestRetryAfter:
+    def test_short_poll_interval_instead_of_the_remaining_lease(self, durations):
+        assert waiting.retry_after("op", elapsed=None, lease_remaining=timedelta(seconds=50)) == 1
+        with override_settings(IDEMPOTENCY={"RETRY_AFTER": 3}):
+            assert waiting.retry_after("op", elapsed=None, lease_remaining=None) == 3
+
+    def test_the_median_of_recent_durations_less_the_time_already_run(self, durations):
+        for seconds in (10.0, 12.0, 30.0):
+            durations.add("op", seconds)
+        lease = timedelta(seconds=50)
+        assert waiting.retry_after("op", elapsed=timedelta(seconds=4), lease_remaining=lease) == 8
+        # Running longer than usual: poll at the short interval.
+        assert waiting.retry_after("op", elapsed=timedelta(seconds=13), lease_remaining=lease) == 1
+
+    def test_never_past_the_lease_and_at_least_one_second(self, durations):
+        durations.add("op", 40.0)
+        left = timedelta(seconds=6.2)
+        assert waiting.retry_after("op", elapsed=timedelta(0), lease_remaining=left) == 7
+        with override_settings(IDEMPOTENCY={"RETRY_AFTER": 30}):
+            assert waiting.retry_after("other", elapsed=None, lease_remaining=left) == 7
+            tiny = timedelta(seconds=0.2)
+            assert waiting.retry_after("other", elapsed=None, lease_remaining=tiny) == 1
+
+    def test_durations_are_bounded(self):
+        bounded = waiting.Durations(operations=2, samples=3)
+        for name in ("a", "b", "c"):
+            for seconds in (1.0, 2.0, 3.0, 100.0):
+                bounded.add(name, seconds)
+        assert bounded.median("a") is None  # forgotten, least recently finished
+        assert bounded.median("c") == 3.0  # of 2, 3, 100: the oldest sample dropped
+
+
+@pytest.mark.django_db
+class TestRetryAfterOverHttp:
+    @pytest.fixture
+    def client(self, alice) -> APIClient:
+        api = APIClient()
+        api.force_authenticate(alice)
+        return api
+
+    def hold(self, key: str, lease: float, running: float) -> None:
+        """As if another attempt had run ``running`` seconds, ``lease`` seconds of lease left."""
+        IdempotencyRecord.objects.filter(idem_key=key).update(
+            status=Status.PROCESSING,
+            owner_token="another-attempt",
+            lease_until=Now() + timedelta(seconds=lease),
+            updated_at=Now() - timedelta(seconds=running),
+            response_status=None,
+            response_body=None,
+            completed_at=None,
+        )
+
+    def post(self, client: APIClient, key: str = "ra-1") -> Any:
+        return client.post(URL, BODY, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+    def test_duplicate_is_told_when_the_answer_is_likely_ready(self, client, durations):
+        assert self.post(client).status_code == 201
+        durations.add(LEASE_OPERATION, 12.0)
+        durations.add(LEASE_OPERATION, 12.0)
+        self.hold("ra-1", lease=20, running=2)
+        response = self.post(client)
+        assert response.status_code == 409
+        assert 9 <= int(response["Retry-After"]) <= 10
+
+    def test_duplicate_without_history_polls_at_retry_after(self, client, durations):
+        assert self.post(client).status_code == 201
+        durations._by_name.clear()  # this process has no history of the operation
+        self.hold("ra-1", lease=20, running=2)
+        assert self.post(client)["Retry-After"] == "1"
+
+    def test_finished_attempts_are_remembered(self, client, durations):
+        response = client.post(
+            URL, BODY, format="json", HTTP_IDEMPOTENCY_KEY="ra-2", HTTP_X_SLEEP="0.3"
+        )
+        assert response.status_code == 201
+        median = durations.median(LEASE_OPERATION)
+        assert median is not None and 0.3 <= median < 5
+
+
+def test_wait_seconds_option_of_each_adapter():
+    assert IdempotencyOptions(wait_seconds=3).wait_seconds == 3
+
+    class View(IdempotentMixin):
+        idempotency_operation = "tests.waiting_view"
+        idempotency_wait_seconds = 4.0
+
+    assert View().get_idempotency_options().wait_seconds == 4.0
+    with pytest.raises(ValueError, match="wait_seconds"):
+        IdempotencyOptions(wait_seconds=-1)
+    assert WAITING_OPERATION  # the decorator's option: see TestWaitingForTheOutcome
+    assert KeyInUse
