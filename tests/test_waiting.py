@@ -26,6 +26,7 @@ from idempotency.exceptions import KeyInUse
 from idempotency.fingerprint import fingerprint
 from idempotency.http import IdempotencyOptions
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.stores import GenericStore, store_for
 from tests.factories import UserFactory
 from tests.testapp.lease_views import LEASE_OPERATION, WAITING_OPERATION, sku_for
 from tests.testapp.models import Order
@@ -294,7 +295,7 @@ class TestWaitingForTheOutcome:
 
 
 def channel_of(user: Any, key: str) -> str:
-    from idempotency._store_shim import channel
+    from idempotency.stores.postgres import channel
 
     return channel(f"user:{user.pk}:tests.notify", key)
 
@@ -346,9 +347,8 @@ def test_polling_wait_on_any_database(alice, monkeypatch):
     first = threading.Thread(target=lambda: results.append(run()), daemon=True)
     first.start()
     assert claimed.wait(JOIN_TIMEOUT)
-    from idempotency import _store_shim
-
-    monkeypatch.setattr(_store_shim, "wait_for_outcome", _store_shim.generic_wait)
+    # On PostgreSQL too: the ORM store's poll instead of LISTEN/NOTIFY.
+    monkeypatch.setattr(store_for("default"), "wait_for_outcome", polling(store_for("default")))
     started = time.monotonic()
     duplicate = run_in_thread(run)
     seconds = time.monotonic() - started
@@ -357,6 +357,13 @@ def test_polling_wait_on_any_database(alice, monkeypatch):
     assert duplicate == "replayed"
     assert effects == ["ran"]
     assert seconds < 4.0
+
+
+def polling(store: Any) -> Callable[[str, str, float], None]:
+    def wait(scope: str, key: str, seconds: float) -> None:
+        GenericStore.wait_for_outcome(store, scope, key, seconds)
+
+    return wait
 
 
 def run_in_thread(call: Callable[[], Any]) -> Any:
