@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from rest_framework.test import APIClient
@@ -26,9 +26,10 @@ from idempotency.exceptions import KeyInUse
 from idempotency.fingerprint import fingerprint
 from idempotency.http import IdempotencyOptions
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.resolvers import Resolution
 from idempotency.stores import GenericStore, store_for
 from tests.factories import UserFactory
-from tests.testapp.lease_views import LEASE_OPERATION, WAITING_OPERATION, sku_for
+from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
 
 WAITING_URL = "/lease/waiting-orders/"  # wait_seconds=5 on the view
@@ -95,6 +96,16 @@ def send(user: Any, url: str, key: str, **headers: str) -> tuple[threading.Threa
     return thread, sent
 
 
+def during_first(user: Any, url: str, key: str, **first_headers: str) -> tuple[Sent, Sent]:
+    """The first request, then a duplicate while its record is in flight; both answered."""
+    first_thread, first = send(user, url, key, **first_headers)
+    until(lambda: in_flight(key))
+    duplicate_thread, duplicate = send(user, url, key)
+    done(duplicate_thread)
+    done(first_thread)
+    return first, duplicate
+
+
 def done(thread: threading.Thread) -> None:
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive(), "a request hung"
@@ -134,11 +145,7 @@ def durations(monkeypatch: pytest.MonkeyPatch) -> Iterator[waiting.Durations]:
 @pytest.mark.django_db(transaction=True)
 class TestWaitingForTheOutcome:
     def test_duplicate_waits_for_the_first_attempt_and_gets_its_response(self, alice):
-        first_thread, first = send(alice, WAITING_URL, "wait-1", **{"X-Sleep": "2.5"})
-        until(lambda: in_flight("wait-1"))
-        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-1")
-        done(duplicate_thread)
-        done(first_thread)
+        first, duplicate = during_first(alice, WAITING_URL, "wait-1", **{"X-Sleep": "2.5"})
         assert first.error is None and duplicate.error is None
         assert first.status == 201 and not first.replayed
         assert duplicate.status == 201 and duplicate.replayed
@@ -149,11 +156,7 @@ class TestWaitingForTheOutcome:
 
     def test_waiting_comes_from_the_setting_too(self, alice):
         with override_settings(IDEMPOTENCY={"WAIT_SECONDS": 5}):
-            first_thread, first = send(alice, URL, "wait-2", **{"X-Sleep": "2"})
-            until(lambda: in_flight("wait-2"))
-            duplicate_thread, duplicate = send(alice, URL, "wait-2")
-            done(duplicate_thread)
-            done(first_thread)
+            first, duplicate = during_first(alice, URL, "wait-2", **{"X-Sleep": "2"})
         assert (first.status, duplicate.status, duplicate.replayed) == (201, 201, True)
         assert orders("wait-2") == 1
 
@@ -217,11 +220,9 @@ class TestWaitingForTheOutcome:
 
     def test_first_attempt_failing_lets_the_waiting_duplicate_run_once(self, alice):
         # X-Fail is a header: the same request, whose first attempt raises (FAILED_RETRYABLE).
-        first_thread, first = send(alice, WAITING_URL, "wait-6", **{"X-Sleep": "2", "X-Fail": "1"})
-        until(lambda: in_flight("wait-6"))
-        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-6")
-        done(first_thread)
-        done(duplicate_thread)
+        first, duplicate = during_first(
+            alice, WAITING_URL, "wait-6", **{"X-Sleep": "2", "X-Fail": "1"}
+        )
         assert first.status == 500
         assert duplicate.error is None
         assert duplicate.status == 201 and not duplicate.replayed
@@ -232,13 +233,9 @@ class TestWaitingForTheOutcome:
 
     def test_first_attempt_not_recorded_lets_the_waiting_duplicate_run_once(self, alice):
         # A 400 is not recorded: the record is deleted and the key is free again.
-        first_thread, first = send(
+        first, duplicate = during_first(
             alice, WAITING_URL, "wait-7", **{"X-Sleep": "2", "X-Reject": "1"}
         )
-        until(lambda: in_flight("wait-7"))
-        duplicate_thread, duplicate = send(alice, WAITING_URL, "wait-7")
-        done(first_thread)
-        done(duplicate_thread)
         assert first.status == 400
         assert duplicate.status == 201 and not duplicate.replayed
         assert duplicate.seconds < 4.5
@@ -273,25 +270,32 @@ class TestWaitingForTheOutcome:
 
     def test_finish_notifies_only_where_duplicates_may_wait(self, alice):
         def run(key: str, wait_seconds: float) -> None:
-            operation = Operation(
-                scope=f"user:{alice.pk}:tests.notify",
-                key=key,
-                request_hash=fingerprint(["notify"]),
-                name="tests.notify",
-                mode="lease",
-                wait_seconds=wait_seconds,
-            )
-            execute(
-                operation,
-                lambda attempt: "ran",
-                decide=lambda value, attempt: Outcome(Status.SUCCEEDED, StoredResponse(201)),
-                replay=lambda record: "replayed",
-            )
+            run_once(lease_operation(alice, "notify", key, wait_seconds=wait_seconds))
 
         heard = _notifications(lambda: run("notify-1", 5), channel_of(alice, "notify-1"))
         assert heard == 1
         unheard = _notifications(lambda: run("notify-2", 0), channel_of(alice, "notify-2"))
         assert unheard == 0
+
+
+def lease_operation(user: Any, name: str, key: str, **options: Any) -> Operation:
+    return Operation(
+        scope=f"user:{user.pk}:tests.{name}",
+        key=key,
+        request_hash=fingerprint([name]),
+        name=f"tests.{name}",
+        mode="lease",
+        **options,
+    )
+
+
+def run_once(operation: Operation, work: Callable[[Any], Any] = lambda attempt: "ran") -> Any:
+    return execute(
+        operation,
+        work,
+        decide=lambda value, attempt: Outcome(Status.SUCCEEDED, StoredResponse(201)),
+        replay=lambda record: "replayed",
+    )
 
 
 def channel_of(user: Any, key: str) -> str:
@@ -315,14 +319,7 @@ def _notifications(action: Callable[[], None], channel: str) -> int:
 @pytest.mark.django_db(transaction=True)
 def test_polling_wait_on_any_database(alice, monkeypatch):
     """Where no notification exists (SQLite here; PostgreSQL too), waiting polls, bounded."""
-    operation = Operation(
-        scope=f"user:{alice.pk}:tests.poll",
-        key="poll-1",
-        request_hash=fingerprint(["poll"]),
-        name="tests.poll",
-        mode="lease",
-        wait_seconds=5,
-    )
+    operation = lease_operation(alice, "poll", "poll-1", wait_seconds=5)
     effects: list[str] = []
     claimed = threading.Event()
 
@@ -334,12 +331,7 @@ def test_polling_wait_on_any_database(alice, monkeypatch):
 
     def run() -> Any:
         try:
-            return execute(
-                operation,
-                work,
-                decide=lambda value, attempt: Outcome(Status.SUCCEEDED, StoredResponse(201)),
-                replay=lambda record: "replayed",
-            )
+            return run_once(operation, work)
         finally:
             connection.close()
 
@@ -463,5 +455,37 @@ def test_wait_seconds_option_of_each_adapter():
     assert View().get_idempotency_options().wait_seconds == 4.0
     with pytest.raises(ValueError, match="wait_seconds"):
         IdempotencyOptions(wait_seconds=-1)
-    assert WAITING_OPERATION  # the decorator's option: see TestWaitingForTheOutcome
-    assert KeyInUse
+
+
+@pytest.mark.django_db(transaction=True)
+class TestWhenNotToWait:
+    """Waiting is for a live attempt, outside any transaction: otherwise 409 at once."""
+
+    def operation(self, user: Any, **options: Any) -> Operation:
+        return lease_operation(user, "no_wait", "no-wait", wait_seconds=5, **options)
+
+    def hold(self, lease: float) -> None:
+        IdempotencyRecord.objects.filter(idem_key="no-wait").update(
+            status=Status.PROCESSING,
+            owner_token="another-attempt",
+            lease_until=Now() + timedelta(seconds=lease),
+        )
+
+    def test_inside_a_transaction(self, alice):
+        operation = self.operation(alice)
+        run_once(operation)
+        self.hold(lease=30)
+        started = time.monotonic()
+        with transaction.atomic(), pytest.raises(KeyInUse):
+            run_once(operation)
+        assert time.monotonic() - started < 1.0
+        assert waiting.waiters.count == 0
+
+    def test_after_a_lost_lease_whose_outcome_is_unknown(self, alice):
+        operation = self.operation(alice, resolver=lambda record: Resolution.unknown())
+        run_once(operation)
+        self.hold(lease=-1)
+        started = time.monotonic()
+        with pytest.raises(KeyInUse):
+            run_once(operation)
+        assert time.monotonic() - started < 1.0
