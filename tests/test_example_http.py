@@ -176,6 +176,7 @@ def _environment(database: dict[str, Any]) -> dict[str, str]:
         DEBUG="False",
         ALLOWED_HOSTS="127.0.0.1",
         PAYMENT_WEBHOOK_SECRET=SECRET,
+        IDEMPOTENCY_WAIT_SECONDS="10",
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -376,6 +377,24 @@ def test_concurrent_duplicates_create_exactly_one_order(server):
             assert reply.headers["retry-after"].isdigit()
             assert reply.json()["code"] == "idempotency_key_in_use"
     assert _orders_with_sku(server, "http-race") == 1
+
+
+def test_duplicates_of_a_long_report_wait_for_its_outcome_in_every_worker(server):
+    # Lease mode, IDEMPOTENCY_WAIT_SECONDS=10: the duplicates land on the three
+    # worker processes and are woken by the first attempt's NOTIFY, wherever it ran.
+    def create() -> Reply:
+        return server.request(
+            "POST", "/api/reports/", {"seconds": 2}, headers={"Idempotency-Key": "http-report"}
+        )
+
+    replies = _in_parallel(8, create)
+
+    assert [reply.status for reply in replies] == [201] * 8  # without waiting: 409s
+    originals = [reply for reply in replies if not reply.replayed]
+    assert len(originals) == 1
+    assert {reply.body for reply in replies} == {originals[0].body}
+    made = "SELECT count(*) FROM reports_report WHERE idempotency_key = %s"
+    assert server.count(made, "http-report") == 1
 
 
 # --- payment callbacks --------------------------------------------------------------------
