@@ -72,7 +72,7 @@ def _scripts() -> dict[str, str]:
     # The claim's id goes into :claimed_id (pgbench's \gset) for the finish to use;
     # each transaction takes a new key.
     claim = claim.replace(f"'{key}'", "'floor-' || :k").replace(
-        'SELECT claimed."id",', 'SELECT claimed."id" AS claimed_id,', 1
+        "SELECT record.*,", 'SELECT record."id" AS claimed_id, record.*,', 1
     )
     finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
     return {
