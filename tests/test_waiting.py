@@ -17,6 +17,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency import waiting
@@ -489,3 +490,53 @@ class TestWhenNotToWait:
         with pytest.raises(KeyInUse):
             run_once(operation)
         assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+class TestStoresWait:
+    """``wait_for_outcome`` of each store: at once, at the bound, or when told (or polled)."""
+
+    @pytest.fixture(params=["orm", "vendor"])
+    def store(self, request: pytest.FixtureRequest) -> Any:
+        vendor = store_for("default")
+        return GenericStore("default") if request.param == "orm" else vendor
+
+    def in_flight(self, lease: float = 30) -> IdempotencyRecord:
+        return IdempotencyRecord.objects.create(
+            scope="user:1:tests.store_wait",
+            idem_key="store-wait",
+            request_hash="0" * 64,
+            owner_token="a" * 32,
+            lease_until=timezone.now() + timedelta(seconds=lease),
+        )
+
+    def timed(self, store: Any, seconds: float) -> float:
+        started = time.monotonic()
+        store.wait_for_outcome("user:1:tests.store_wait", "store-wait", seconds)
+        return time.monotonic() - started
+
+    def test_nothing_in_flight_returns_at_once(self, store):
+        assert self.timed(store, 5) < 0.5
+
+    def test_an_expired_lease_is_not_in_flight(self, store):
+        self.in_flight(lease=-1)
+        assert self.timed(store, 5) < 0.5
+
+    def test_a_live_attempt_is_waited_for_up_to_the_bound(self, store):
+        self.in_flight()
+        assert 0.7 <= self.timed(store, 0.8) < 2.5
+
+    def test_a_finish_ends_the_wait(self, store):
+        record = self.in_flight()
+
+        def finish() -> None:
+            time.sleep(0.5)
+            IdempotencyRecord.objects.filter(pk=record.pk).update(status=Status.SUCCEEDED)
+            store_for("default").notify_waiters(record.scope, record.idem_key)
+            connection.close()
+
+        finisher = threading.Thread(target=finish, daemon=True)
+        finisher.start()
+        waited = self.timed(store, 8)
+        done(finisher)
+        assert 0.4 <= waited < 3.0
