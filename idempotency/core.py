@@ -202,7 +202,7 @@ def _execute_leased(
     return value
 
 
-def _claim_or_wait(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _claim_or_wait(operation: Operation) -> Claimed:
     """Lease mode: claim; a duplicate of a live attempt may first wait for its outcome.
 
     Woken when the record may have changed, it claims again: that replays the

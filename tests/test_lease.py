@@ -16,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from idempotency import signals
+from idempotency import signals, waiting
 from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import KeyInUse, LeaseLost
 from idempotency.fingerprint import fingerprint
@@ -62,7 +62,12 @@ def record(key: str = "key-1") -> IdempotencyRecord:
 
 
 def hold(key: str = "key-1", seconds: float = 30.0) -> None:
-    """As if another attempt held the record with ``seconds`` of lease left (database clock)."""
+    """As if another attempt held the record with ``seconds`` of lease left (database clock).
+
+    It runs in another process: this one has no durations of the operation to
+    estimate ``Retry-After`` from (the conftest puts the real ones back).
+    """
+    waiting.durations = waiting.Durations()
     IdempotencyRecord.objects.filter(idem_key=key).update(
         status=Status.PROCESSING,
         owner_token="another-attempt",

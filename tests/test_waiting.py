@@ -433,7 +433,7 @@ class TestRetryAfterOverHttp:
 
     def test_duplicate_without_history_polls_at_retry_after(self, client, durations):
         assert self.post(client).status_code == 201
-        durations._by_name.clear()  # this process has no history of the operation
+        waiting.durations = waiting.Durations()  # this process has no history of it
         self.hold("ra-1", lease=20, running=2)
         assert self.post(client)["Retry-After"] == "1"
 
