@@ -6,6 +6,9 @@ kept: a store may compose and cache its statements once.
 
 The contract every store keeps:
 
+- One store serves every thread: it keeps no connection, cursor or
+  per-request state (``self.connection`` looks the thread's connection up
+  each time), only what is the same for the whole alias (composed SQL).
 - Every method works on ``self.alias``, inside the caller's transaction when
   there is one. None opens, commits or rolls back a transaction, except where
   its docstring says so.
@@ -19,7 +22,9 @@ The contract every store keeps:
   ``.raw()`` or ``Model.from_db``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
   does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
-  error means, and ``core`` decides what to answer.
+  error means, and ``core`` decides what to answer (it claims again after a
+  "retry" only in a transaction it opened itself, at most ``core.CLAIM_RETRIES``
+  times; inside the caller's transaction, or past that, it answers 409).
 
 A subclass adds a vendor's faster or safer statements; ``GenericStore``
 (``idempotency.stores.generic``) is the ORM version of every method and the
