@@ -44,6 +44,11 @@ PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
 PLAIN_ATOMIC = Variant("unprotected, in a transaction", "/bench/orders/plain-atomic/", keyed=False)
 OURS = Variant("idempotency (atomic)", "/api/orders/")
 LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
+# Hot key only: a 2 s job in lease mode, its duplicates answered 409 or waiting for the outcome.
+LEASE_SLOW = Variant("idempotency (lease, 2 s job)", "/bench/orders/lease-2s/")
+LEASE_SLOW_WAITING = Variant(
+    "idempotency (lease, 2 s job, duplicates wait)", "/bench/orders/lease-2s-wait/"
+)
 PREPARED = " (prepared statements)"
 PLAIN_PREPARED = Variant(PLAIN.name + PREPARED, PLAIN.path, keyed=False, prepared=True)
 OURS_PREPARED = Variant(OURS.name + PREPARED, OURS.path, prepared=True)

@@ -17,6 +17,7 @@ from benchmarks.floor import (
     measurement,
 )
 from benchmarks.http_scenarios import (
+    LEASE_SLOW_WAITING,
     OURS,
     OURS_PREPARED,
     PLAIN,
@@ -216,6 +217,7 @@ def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Rat
     ours = hot.get(OURS.name)
     if distinct is None or ours is None:
         return []
+    waiting = hot.get(LEASE_SLOW_WAITING.name)
     ratios = [
         Ratio(
             "hot key, p50 latency: duplicates / a burst of distinct creates",
@@ -228,6 +230,15 @@ def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Rat
             "<= 2",
         ),
     ]
+    if waiting is not None:
+        ratios.append(
+            Ratio(
+                "hot key, lease mode, 2 s job, duplicates wait: share answered with the "
+                "outcome, one effect",
+                waiting.score,
+                ">= 1",
+            )
+        )
     for alternative in alternatives:
         if alternative in hot:
             theirs = hot[alternative].score

@@ -33,6 +33,8 @@ from benchmarks.alternatives import ensure_installed  # noqa: E402
 from benchmarks.http_scenarios import (  # noqa: E402
     ALTERNATIVES,
     LEASE,
+    LEASE_SLOW,
+    LEASE_SLOW_WAITING,
     OURS,
     OURS_PREPARED,
     PLAIN,
@@ -149,7 +151,11 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         )
         _step("hot key")
         results.hot = http_scenarios.hot_keys(
-            servers, database, [OURS, LEASE, *alternatives], plan.hot_trials, plan.hot_size
+            servers,
+            database,
+            [OURS, LEASE, LEASE_SLOW, LEASE_SLOW_WAITING, *alternatives],
+            plan.hot_trials,
+            plan.hot_size,
         )
 
 

@@ -5,7 +5,9 @@ from django.urls import path
 from benchmarks.views import (
     LeaseOrderCreate,
     OrderCreate,
+    SlowLeaseOrderCreate,
     TransactionalOrderCreate,
+    WaitingSlowLeaseOrderCreate,
     alternative_views,
 )
 from example_project.urls import urlpatterns as example_urlpatterns
@@ -14,6 +16,8 @@ TWINS = {
     "plain": OrderCreate.as_view({"post": "create"}),
     "plain-atomic": TransactionalOrderCreate.as_view({"post": "create"}),
     "lease": LeaseOrderCreate.as_view({"post": "create"}),
+    "lease-2s": SlowLeaseOrderCreate.as_view({"post": "create"}),
+    "lease-2s-wait": WaitingSlowLeaseOrderCreate.as_view({"post": "create"}),
     **alternative_views(),
 }
 

@@ -8,6 +8,7 @@ as its own docs say.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import transaction
@@ -46,6 +47,24 @@ class LeaseOrderCreate(IdempotentCreateMixin, OrderCreate):
 
     idempotency_operation = "bench.orders.lease"
     idempotency_mode = "lease"
+
+
+class SlowLeaseOrderCreate(LeaseOrderCreate):
+    """Lease mode around a 2 s job (a provider's call): duplicates arrive while it runs."""
+
+    idempotency_operation = "bench.orders.lease-2s"
+    job_seconds = 2.0
+
+    def perform_create(self, serializer: BaseSerializer[Order]) -> None:
+        time.sleep(self.job_seconds)
+        super().perform_create(serializer)
+
+
+class WaitingSlowLeaseOrderCreate(SlowLeaseOrderCreate):
+    """The same 2 s job whose duplicates wait for its outcome instead of a 409."""
+
+    idempotency_operation = "bench.orders.lease-2s-wait"
+    idempotency_wait_seconds = 10.0
 
 
 def alternative_views() -> dict[str, Any]:

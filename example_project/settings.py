@@ -112,6 +112,9 @@ SPECTACULAR_SETTINGS = {
 IDEMPOTENCY = {
     # How long a duplicate waits for the first attempt before it gets 409.
     "LOCK_TIMEOUT": env.float("IDEMPOTENCY_LOCK_TIMEOUT", default=2.0),
+    # Lease mode (the reports): how long a duplicate waits for the first attempt's
+    # outcome instead of answering 409 at once; 0 answers at once.
+    "WAIT_SECONDS": env.float("IDEMPOTENCY_WAIT_SECONDS", default=0.0),
 }
 
 # The payment provider signs each callback body with this secret (X-Signature).

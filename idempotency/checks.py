@@ -66,6 +66,16 @@ def _positive_number(name: str, error_id: str, *, integer: bool = False) -> Chec
     return check
 
 
+def _non_negative_number(name: str, error_id: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        value = user.get(name, DEFAULTS[name])
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return []
+        return [Error(f"IDEMPOTENCY[{name!r}] should be a number >= 0.", id=error_id)]
+
+    return check
+
+
 def _boolean(name: str, error_id: str) -> Check:
     def check(user: dict[str, Any]) -> list[CheckMessage]:
         if isinstance(user.get(name, DEFAULTS[name]), bool):
@@ -266,6 +276,8 @@ CHECKS: list[Check] = [
     _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
     _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
+    _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
+    _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
     _drf_error_format,
     _lease_mode_under_atomic_requests,
 ]

@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "MODE": "atomic",
     "LOCK_TIMEOUT": 2.0,
     "RETRY_AFTER": 1,
+    "WAIT_SECONDS": 0.0,
+    "MAX_WAITERS": 8,
     "LEASE_SECONDS": 60.0,
     "MAX_RESPONSE_BYTES": 256 * 1024,
     "REPLAY_HEADERS": [
@@ -94,6 +96,14 @@ class Settings:
     @property
     def RETRY_AFTER(self) -> int:
         return int(self._get("RETRY_AFTER"))
+
+    @property
+    def WAIT_SECONDS(self) -> float:
+        return float(self._get("WAIT_SECONDS"))
+
+    @property
+    def MAX_WAITERS(self) -> int:
+        return int(self._get("MAX_WAITERS"))
 
     @property
     def LEASE_SECONDS(self) -> float:

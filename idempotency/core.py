@@ -13,16 +13,17 @@ import hashlib
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from idempotency import signals
+from idempotency import signals, waiting
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -64,9 +65,18 @@ class Operation:
     # Who says what happened when a lease is lost: a callable or a dotted path
     # (see idempotency.resolvers); None looks it up by ``name``.
     resolver: ResolverSpec | None = None
+    # Lease mode: how long a duplicate of an in-flight attempt waits for its
+    # outcome before ``KeyInUse``; None reads WAIT_SECONDS.
+    wait_seconds: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
+
+    @property
+    def wait_for(self) -> float:
+        if self.wait_seconds is not None:
+            return self.wait_seconds
+        return idempotency_settings.WAIT_SECONDS
 
     @cached_property
     def database(self) -> str:
@@ -98,6 +108,7 @@ class Attempt:
     record: IdempotencyRecord
     owner_token: str
     resource_id: str = ""
+    started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
 
     def renew(self, seconds: float | None = None) -> None:
         if self.operation.mode != "lease":
@@ -109,6 +120,13 @@ class Attempt:
 
 class _ClaimGivenUp(Exception):
     """The database gave up the claim's transaction (a deadlock's victim): claim again."""
+
+
+class _InFlight(Exception):
+    """A live attempt holds the key: a 409, unless the duplicate may wait for its outcome."""
+
+    def __init__(self, record: IdempotencyRecord) -> None:
+        self.record = record
 
 
 def execute(
@@ -149,7 +167,10 @@ def _execute_atomic(
                 _finish(attempt, outcome)
             return True, value
 
-    ran, result = _retried(operation, run)
+    try:
+        ran, result = _retried(operation, run)
+    except _InFlight as busy:
+        raise _in_use(operation, busy.record) from None
     if ran:
         return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
@@ -163,7 +184,7 @@ def _execute_leased(
     decide: Callable[[T, Attempt], Outcome | None],
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
-    attempt, existing = _retried(operation, lambda: _claim_committed(operation))
+    attempt, existing = _claim_or_wait(operation)
     if attempt is None:
         return _replay(operation, existing, replay)
     try:
@@ -179,6 +200,32 @@ def _execute_leased(
     else:
         _finish(attempt, outcome)
     return value
+
+
+def _claim_or_wait(operation: Operation) -> Claimed:
+    """Lease mode: claim; a duplicate of a live attempt may first wait for its outcome.
+
+    Woken when the record may have changed, it claims again: that replays the
+    outcome, re-claims a released key (one waiter wins, the others wait on for
+    its outcome) or finds the attempt still running. Bounded by ``wait_for``
+    and by ``MAX_WAITERS`` per process; never inside a transaction.
+    """
+    try:
+        return _retried(operation, lambda: _claim_committed(operation))
+    except _InFlight as busy:
+        in_flight = busy.record
+    connection = transaction.get_connection(operation.database)
+    if operation.wait_for <= 0 or connection.in_atomic_block:
+        raise _in_use(operation, in_flight)
+    deadline = time.monotonic() + operation.wait_for
+    with waiting.waiters.admitted() as admitted:
+        while admitted and (left := deadline - time.monotonic()) > 0:
+            operation.store.wait_for_outcome(operation.scope, operation.key, left)
+            try:
+                return _retried(operation, lambda: _claim_committed(operation))
+            except _InFlight as busy:
+                in_flight = busy.record
+    raise _in_use(operation, in_flight)
 
 
 def _retried(operation: Operation, claim: Callable[[], T]) -> T:
@@ -207,7 +254,7 @@ def _replay(
 ) -> T:
     assert record is not None
     if record.status not in REPLAYABLE:
-        raise _in_use(operation, record)  # a lost lease whose outcome is still unknown
+        raise _in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
@@ -263,7 +310,7 @@ def _settle_claim(operation: Operation, record: IdempotencyRecord, token: str) -
         return _claimed(operation, record, token, reclaimed=True), None
     if _lease_lost(record):
         return _after_lost_lease(operation, record, token)
-    raise _in_use(operation, record)
+    raise _InFlight(record)
 
 
 def _lease_lost(record: IdempotencyRecord) -> bool:
@@ -343,13 +390,27 @@ def _reclaim(operation: Operation, record: IdempotencyRecord, token: str) -> Non
     record.status = Status.PROCESSING
 
 
-def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
-    retry_after = idempotency_settings.RETRY_AFTER
-    remaining = getattr(record, "lease_remaining", None)
-    if remaining is not None and remaining > timedelta(0):
-        retry_after = max(retry_after, math.ceil(remaining.total_seconds()))
+def _in_use(
+    operation: Operation, record: IdempotencyRecord, *, unresolved: bool = False
+) -> KeyInUse:
+    remaining: timedelta | None = getattr(record, "lease_remaining", None)
+    if unresolved:
+        # The resolver answered "unknown": it is asked again when this pause (the lease) ends.
+        pause = remaining.total_seconds() if remaining is not None else 0
+        retry_after = max(idempotency_settings.RETRY_AFTER, math.ceil(pause))
+    else:
+        retry_after = waiting.retry_after(
+            operation.name, elapsed=_running_for(record, remaining), lease_remaining=remaining
+        )
     signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
     return KeyInUse(retry_after=retry_after)
+
+
+def _running_for(record: IdempotencyRecord, remaining: timedelta | None) -> timedelta | None:
+    """How long the record's attempt has run, by the database clock (claims set ``updated_at``)."""
+    if remaining is None or record.lease_until is None or record.updated_at is None:
+        return None
+    return record.lease_until - remaining - record.updated_at
 
 
 def _busy(operation: Operation) -> KeyInUse:
@@ -370,6 +431,9 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
     window = retention_for(operation.name, outcome.status)
     if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
         raise LeaseLost()
+    if operation.mode == "lease":
+        waiting.durations.add(operation.name, time.monotonic() - attempt.started)
+        _announce(operation)
     signals.record_completed.send(
         IdempotencyRecord,
         record=attempt.record,
@@ -381,10 +445,12 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
 def _release(attempt: Attempt, *, delete: bool) -> None:
     store, pk, token = attempt.operation.store, attempt.record.pk, attempt.owner_token
     if delete:
-        store.discard(pk, token)
+        if store.discard(pk, token):
+            _announce(attempt.operation)
         return
     window = retention_for(attempt.operation.name, Status.FAILED_RETRYABLE)
     if store.release(pk, token, window):
+        _announce(attempt.operation)
         signals.record_completed.send(
             IdempotencyRecord,
             record=attempt.record,
@@ -416,3 +482,9 @@ def _contention_answered(operation: Operation) -> Iterator[None]:
         if contention == "retry":
             raise _ClaimGivenUp() from exc
         raise
+
+
+def _announce(operation: Operation) -> None:
+    """Wake the duplicates waiting for this key's outcome, if any may wait."""
+    if operation.wait_for > 0:
+        operation.store.notify_waiters(operation.scope, operation.key)

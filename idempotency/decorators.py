@@ -34,6 +34,7 @@ def idempotent(
     lock_timeout: float | None = None,
     outcome_policy: Callable[..., Any] | str | None = None,
     resolver: ResolverSpec | None = None,
+    wait_seconds: float | None = None,
 ) -> Callable[[F], F]:
     """Make a view safe to retry.
 
@@ -55,6 +56,7 @@ def idempotent(
         lock_timeout=lock_timeout,
         outcome_policy=outcome_policy,
         resolver=resolver,
+        wait_seconds=wait_seconds,
     )
 
     def decorator(view: F) -> F:

@@ -59,6 +59,7 @@ class IdempotentMixin:
     idempotency_mode: Mode | None = None
     idempotency_lease_seconds: float | None = None
     idempotency_lock_timeout: float | None = None
+    idempotency_wait_seconds: float | None = None
     # A callable or dotted path (see idempotency.resolvers); set on the class.
     idempotency_resolver: ResolverSpec | None = None
     # Operation names ``idempotency_resolver`` is registered under for recovery.
@@ -117,6 +118,7 @@ class IdempotentMixin:
             outcome_policy=self.get_idempotency_outcome,
             # Read from the class: a function stored on it must not become a bound method.
             resolver=type(self).idempotency_resolver,
+            wait_seconds=self.idempotency_wait_seconds,
         )
 
     def run_idempotently(

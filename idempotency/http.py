@@ -83,10 +83,13 @@ class IdempotencyOptions:
     lock_timeout: float | None = None
     outcome_policy: Callable[[HttpResponseBase], Status | None] | str | None = None
     resolver: ResolverSpec | None = None
+    wait_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
+        if self.wait_seconds is not None and not self.wait_seconds >= 0:
+            raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
 
 
 def protect(
@@ -207,6 +210,7 @@ def build_operation(
         lease_seconds=options.lease_seconds,
         lock_timeout=options.lock_timeout,
         resolver=options.resolver,
+        wait_seconds=options.wait_seconds,
     )
 
 

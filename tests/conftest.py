@@ -76,3 +76,11 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     for process, log in started:
         stop(process)
         print(log.read_text())  # shown by pytest when the test failed
+
+
+@pytest.fixture(autouse=True)
+def _no_durations_from_other_tests(monkeypatch):
+    # Retry-After uses the durations this process saw: each test starts with none.
+    from idempotency import waiting
+
+    monkeypatch.setattr(waiting, "durations", waiting.Durations())

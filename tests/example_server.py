@@ -146,6 +146,8 @@ def _environment(database: str) -> dict[str, str]:
         DEBUG="False",
         ALLOWED_HOSTS="127.0.0.1",
         PAYMENT_WEBHOOK_SECRET=SECRET,
+        # Duplicates of a report being generated wait for it (lease mode, WAIT_SECONDS).
+        IDEMPOTENCY_WAIT_SECONDS="10",
         # Each request logs in with HTTP Basic: a slow hasher would make them seconds.
         PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
         PYTHONUNBUFFERED="1",

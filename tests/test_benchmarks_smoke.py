@@ -40,6 +40,8 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     # the second server, whose connections prepare statements
     assert "| unprotected (prepared statements) |" in result.stdout
     assert "| idempotency (atomic) (prepared statements) |" in result.stdout
+    # the hot key of a 2 s lease-mode job whose duplicates wait for its outcome
+    assert "| idempotency (lease, 2 s job, duplicates wait) |" in result.stdout
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 

@@ -53,6 +53,10 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E023", {"RECOVERY_BATCH_SIZE": 0}),
     ("idempotency.E024", {"PURGE_BATCH_SIZE": 2.5}),
     ("idempotency.E025", {"RESOLVE_RETRY_SECONDS": -5}),
+    ("idempotency.E026", {"WAIT_SECONDS": -1}),
+    ("idempotency.E026", {"WAIT_SECONDS": "5"}),
+    ("idempotency.E027", {"MAX_WAITERS": 0}),
+    ("idempotency.E027", {"MAX_WAITERS": 2.5}),
 ]
 
 

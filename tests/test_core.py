@@ -315,11 +315,11 @@ class TestExistingStates:
         assert business.runs == 0
         assert snapshot(review) == before
 
-    def test_in_flight_is_in_use_with_retry_after_of_the_lease(self, business):
+    def test_in_flight_is_in_use_with_a_short_retry_after(self, business):
         in_flight = existing("in_flight")  # lease live for 60 s
         with received(signals.key_in_use) as conflicts, pytest.raises(KeyInUse) as caught:
             business.run()
-        assert 55 <= caught.value.retry_after <= 61
+        assert caught.value.retry_after == 1  # RETRY_AFTER, not the 60 s of lease left
         assert business.runs == 0
         assert record().owner_token == in_flight.owner_token
         assert conflicts[0]["retry_after"] == caught.value.retry_after
@@ -474,7 +474,7 @@ class TestLeaseMode:
         def duplicate_arrives(attempt: Attempt) -> Order:
             with pytest.raises(KeyInUse) as caught:
                 business.run(self.lease_op())
-            assert 25 <= caught.value.retry_after <= 31
+            assert caught.value.retry_after == 1  # RETRY_AFTER: no durations known yet
             return business.work(attempt)
 
         business.run(self.lease_op(), work=duplicate_arrives)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.example_server import Server, example_project, gunicorn, in_parallel
+from tests.servers import Reply
 
 pytestmark = pytest.mark.server_db
 
@@ -148,6 +149,25 @@ def test_concurrent_duplicates_create_exactly_one_order(server):
             assert reply.headers["retry-after"].isdigit()
             assert reply.json()["code"] == "idempotency_key_in_use"
     assert _orders_with_sku(server, "http-race") == 1
+
+
+def test_duplicates_of_a_long_report_wait_for_its_outcome_in_every_worker(server):
+    # Lease mode, IDEMPOTENCY_WAIT_SECONDS=10: the duplicates land on the three
+    # worker processes and are woken by the first attempt's finish, wherever it ran
+    # (PostgreSQL: its NOTIFY; MariaDB: their bounded polls).
+    def create() -> Reply:
+        return server.request(
+            "POST", "/api/reports/", {"seconds": 2}, headers={"Idempotency-Key": "http-report"}
+        )
+
+    replies = in_parallel(8, create)
+
+    assert [reply.status for reply in replies] == [201] * 8  # without waiting: 409s
+    originals = [reply for reply in replies if not reply.replayed]
+    assert len(originals) == 1
+    assert {reply.body for reply in replies} == {originals[0].body}
+    made = "SELECT count(*) FROM reports_report WHERE idempotency_key = %s"
+    assert server.count(made, "http-report") == 1
 
 
 # --- payment callbacks --------------------------------------------------------------------

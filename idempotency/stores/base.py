@@ -188,6 +188,26 @@ class Store(ABC):
     def discard(self, pk: int, token: str) -> bool:
         """Delete the record: nothing was recorded and the key is free again."""
 
+    # Duplicates that wait for an in-flight attempt's outcome
+
+    @abstractmethod
+    def wait_for_outcome(self, scope: str, key: str, seconds: float) -> None:
+        """Return once (scope, key)'s record may no longer be in flight, or after ``seconds``.
+
+        In flight means ``PROCESSING`` with a live lease. Called outside any
+        transaction (``core`` never waits inside one); it opens none and holds
+        no lock while it waits, and never loops faster than a bounded poll.
+        Returning early is harmless: ``core`` claims again and waits again if
+        the attempt still runs.
+        """
+
+    @abstractmethod
+    def notify_waiters(self, scope: str, key: str) -> None:
+        """Tell the requests waiting on (scope, key) that its record changed, if they can hear.
+
+        Called after a finish or a release, for operations whose duplicates may wait.
+        """
+
     # Purge
 
     @abstractmethod

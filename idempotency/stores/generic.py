@@ -8,17 +8,19 @@ connection's ``timeout`` gets "database is locked": that is the bounded wait.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import DurationField, ExpressionWrapper, F, Value
+from django.db.models import DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.stores.base import Candidate, Contention, Store
+from idempotency.waiting import pauses
 
 # SQLite's answer to a writer that waited out the connection's timeout.
 _SQLITE_BUSY = ("database is locked", "database table is locked")
@@ -88,6 +90,20 @@ class GenericStore(Store):
         deleted, _ = self.owned(pk, token).delete()
         return bool(deleted)
 
+    def wait_for_outcome(self, scope: str, key: str, seconds: float) -> None:
+        """Poll: one indexed read after 50 ms, 100 ms, 200 ms... then one a second at most."""
+        deadline = time.monotonic() + seconds
+        for pause in pauses(0.05, 1.0):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(pause, left))
+            if not self.in_flight(scope, key):
+                return
+
+    def notify_waiters(self, scope: str, key: str) -> None:
+        pass  # nobody can hear it: waiting requests poll
+
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
         if self.connection.features.allow_sliced_subqueries_with_in:
             deleted, _ = self.records().filter(pk__in=batch.values("pk")).delete()
@@ -99,6 +115,15 @@ class GenericStore(Store):
             return 0, None
         deleted, _ = self.records().filter(pk__in=[pk for pk, _ in rows]).delete()
         return deleted, rows[-1][1]  # the batch is in purge order: the last is the largest
+
+    def in_flight(self, scope: str, key: str) -> bool:
+        """A live attempt holds the key: ``PROCESSING``, its lease not run out."""
+        return (
+            self.records()
+            .filter(scope=scope, idem_key=key, status=Status.PROCESSING)
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__gt=Now()))
+            .exists()
+        )
 
     # For subclasses: the querysets the statements above are made of.
 

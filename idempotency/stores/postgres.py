@@ -9,6 +9,9 @@ plans each once per connection (planning the claim costs more than running it).
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -22,6 +25,7 @@ from django.db.models import Field
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.stores.base import Candidate, Contention
 from idempotency.stores.generic import GenericStore
+from idempotency.waiting import pauses
 
 # SQLSTATEs: the lock wait ran past lock_timeout; the transaction was chosen as a
 # deadlock's victim, or could not be serialised.
@@ -97,6 +101,49 @@ class PostgresStore(GenericStore):
         with connection.cursor() as cursor:
             cursor.execute(self._finish_sql(names, expires_in is not None), params)
             return bool(cursor.rowcount)
+
+    def wait_for_outcome(self, scope: str, key: str, seconds: float) -> None:
+        """``LISTEN`` on the key's channel, on the request's own connection, out of any transaction.
+
+        Listening first and then reading the record once means an outcome
+        committed in between is not missed. Whatever sends no notification
+        (recovery, an operator, a lease running out) is caught by a read
+        after 1, 2, 4, 4... seconds. ``UNLISTEN`` afterwards: the connection
+        may be persistent or pooled, and goes to the next request listening
+        to nothing.
+        """
+        connection = self.connection
+        connection.ensure_connection()
+        raw: Any = connection.connection
+        if not _hears_notifications(raw):
+            super().wait_for_outcome(scope, key, seconds)
+            return
+        name = channel(scope, key)
+        deadline = time.monotonic() + seconds
+        with connection.cursor() as cursor:
+            cursor.execute(f'LISTEN "{name}"')
+        try:
+            for pause in pauses(1.0, 4.0):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.in_flight(scope, key):
+                    return
+                with connection.wrap_database_errors:
+                    heard = list(raw.notifies(timeout=min(pause, left), stop_after=1))
+                if any(notification.channel == name for notification in heard):
+                    return
+        finally:
+            self._unlisten(name)
+
+    def notify_waiters(self, scope: str, key: str) -> None:
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [channel(scope, key)])
+
+    def _unlisten(self, name: str) -> None:
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(f'UNLISTEN "{name}"')
+        except DatabaseError:
+            self.connection.close()  # never hand a listening connection to the next request
 
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
         """One statement: the database picks, locks and deletes the rows, and says where it ended.
@@ -253,3 +300,19 @@ def _field(name: str) -> Field[Any, Any]:
 
 def _milliseconds(seconds: float) -> str:
     return f"{max(1, int(seconds * 1000))}ms"
+
+
+def channel(scope: str, key: str) -> str:
+    """The notification channel of one key: a digest of its scope and key, never the key itself.
+
+    Anyone allowed to connect may ``LISTEN`` and see channel names; keys may be
+    sensitive (an order number, a provider's reference).
+    """
+    digest = hashlib.sha256(f"{scope}\n{key}".encode()).hexdigest()
+    return f"idempotency_{digest[:48]}"  # an identifier: at most 63 characters
+
+
+def _hears_notifications(raw: Any) -> bool:
+    """psycopg 3.2+ waits for a notification with a timeout; older drivers poll instead."""
+    notifies = getattr(raw, "notifies", None)
+    return callable(notifies) and "timeout" in inspect.signature(notifies).parameters

@@ -27,6 +27,7 @@ from .models import Order
 
 LEASE_OPERATION = "tests.lease_order"
 CLASS_OPERATION = "tests.lease_class_order"
+WAITING_OPERATION = "tests.waiting_lease_order"
 
 
 def sku_for(key: str) -> str:
@@ -51,10 +52,29 @@ def unknown_resolver(record: IdempotencyRecord) -> Resolution:
 @api_view(["POST"])
 @idempotent(operation=LEASE_OPERATION, mode="lease", lease_seconds=30, resolver=order_resolver)
 def lease_order(request: Request) -> Response:
-    """Control by headers, which are not part of the fingerprint: X-Sleep, X-Fail."""
+    return _order(request)
+
+
+@api_view(["POST"])
+@idempotent(
+    operation=WAITING_OPERATION,
+    mode="lease",
+    lease_seconds=30,
+    resolver=order_resolver,
+    wait_seconds=5,
+)
+def waiting_lease_order(request: Request) -> Response:
+    """``lease_order`` whose duplicates wait up to 5 s for its outcome."""
+    return _order(request)
+
+
+def _order(request: Request) -> Response:
+    """Control by headers, which are not part of the fingerprint: X-Sleep, X-Fail, X-Reject."""
     time.sleep(float(request.headers.get("X-Sleep", 0)))
     if request.headers.get("X-Fail"):
         raise RuntimeError("the provider timed out")
+    if request.headers.get("X-Reject"):
+        return Response({"error": "rejected"}, status=400)  # not recorded: the key is free
     key = request.idempotency.operation.key  # type: ignore[attr-defined]
     order = Order.objects.create(owner=request.user, sku=sku_for(key), quantity=1)
     return Response({"id": order.pk}, status=201)
@@ -82,5 +102,6 @@ class LeaseOrderCreateView(IdempotentCreateMixin, generics.CreateAPIView):
 
 urlpatterns = [
     path("orders/", lease_order),
+    path("waiting-orders/", waiting_lease_order),
     path("class-orders/", LeaseOrderCreateView.as_view()),
 ]
