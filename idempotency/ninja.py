@@ -50,6 +50,7 @@ def idempotent(
     mode: Mode | None = None,
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
+    wait_seconds: float | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]:
@@ -66,6 +67,7 @@ def idempotent(
         mode=mode,
         lease_seconds=lease_seconds,
         lock_timeout=lock_timeout,
+        wait_seconds=wait_seconds,
         outcome_policy=outcome_policy,
         resolver=resolver,
     )

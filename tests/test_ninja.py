@@ -253,6 +253,12 @@ class TestMisuse:
             def misplaced(request):
                 return {}
 
+    def test_options_are_those_of_the_view_decorator_and_checked_alike(self):
+        with pytest.raises(ValueError, match="wait_seconds should be a number >= 0"):
+            idempotent(wait_seconds=-1)
+        with pytest.raises(ValueError, match="mode should be one of"):
+            idempotent(mode="eventually")  # type: ignore[arg-type]
+
     def test_called_outside_ninja_is_refused(self, rf):
         @idempotent()
         def view(request):
