@@ -7,7 +7,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, load_callable
@@ -200,6 +200,41 @@ def _database(user: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+# Caches whose entries live in one process: an operator's change, made in
+# another process, could not reach them.
+_PROCESS_LOCAL_CACHES = (
+    "django.core.cache.backends.locmem.LocMemCache",
+    "django.core.cache.backends.dummy.DummyCache",
+)
+
+
+def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
+    alias = user.get("REPLAY_CACHE")
+    if alias is None:
+        return []
+    if not isinstance(alias, str) or alias not in settings.CACHES:
+        return [
+            Error(
+                f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, "
+                f"not {alias!r}.",
+                hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
+                id="idempotency.E040",
+            )
+        ]
+    backend = settings.CACHES[alias].get("BACKEND", "")
+    if backend in _PROCESS_LOCAL_CACHES:
+        return [
+            Warning(
+                f"IDEMPOTENCY['REPLAY_CACHE'] should name a cache shared by every process, "
+                f"not {backend}.",
+                hint="An operator's change in one process could not reach the others' "
+                "entries: use Redis, Memcached or the database cache.",
+                id="idempotency.W041",
+            )
+        ]
+    return []
+
+
 CHECKS: list[Check] = [
     _unknown_keys,
     _string("HEADER", "idempotency.E003"),
@@ -223,4 +258,5 @@ CHECKS: list[Check] = [
     _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
     _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
+    _replay_cache,
 ]

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
-from idempotency import postgres, signals
+from idempotency import postgres, replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -133,6 +133,9 @@ def execute(
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
     """
+    cached = replay_cache.lookup(operation)  # None unless REPLAY_CACHE is set and holds it
+    if cached is not None:
+        return _replay(operation, cached, replay, from_cache=True)
     if operation.mode == "lease":
         return _execute_leased(operation, work, decide=decide, replay=replay)
     return _execute_atomic(operation, work, decide=decide, replay=replay)
@@ -190,10 +193,14 @@ def _replay(
     operation: Operation,
     record: IdempotencyRecord | None,
     replay: Callable[[IdempotencyRecord], T],
+    *,
+    from_cache: bool = False,
 ) -> T:
     assert record is not None
     if record.status not in REPLAYABLE:
         raise _in_use(operation, record)  # a lost lease whose outcome is still unknown
+    if not from_cache:
+        replay_cache.remember(operation, record)
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
@@ -416,6 +423,8 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
         )
     if not updated:
         raise LeaseLost()
+    window = retention_for(operation.name, outcome.status)
+    replay_cache.remember_outcome(operation, attempt.record.pk, outcome, window)
     signals.record_completed.send(
         IdempotencyRecord,
         record=attempt.record,

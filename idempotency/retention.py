@@ -16,7 +16,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.models.functions import Now
 
-from idempotency import signals
+from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
 
@@ -121,22 +121,34 @@ def _delete_batch(
     """
     picked = batch(chosen, size).values("pk")
     connection = connections[database]
+    cached = idempotency_settings.REPLAY_CACHE is not None
     if connection.vendor != "postgresql":
-        count, _ = IdempotencyRecord.objects.using(database).filter(pk__in=picked).delete()
+        records = IdempotencyRecord.objects.using(database).filter(pk__in=picked)
+        gone = list(records.values_list("scope", "idem_key")) if cached else []
+        count, _ = records.delete()
+        replay_cache.forget(gone, database, tombstone=False)
         return count, None
     query, params = picked.query.sql_with_params()
     meta = IdempotencyRecord._meta
     quote = connection.ops.quote_name
     table, pk = quote(meta.db_table), quote(str(meta.pk.column))  # type: ignore[union-attr]
     column = quote(str(getattr(meta.get_field(ordering), "column", ordering)))
+    delete = f"DELETE FROM {table} WHERE {pk} IN ({query})"
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH gone AS (DELETE FROM {table} WHERE {pk} IN ({query}) RETURNING {column}) "
-            f"SELECT count(*), max({column}) FROM gone",
-            params,
-        )
-        count, last = cursor.fetchone()
-    return int(count), last
+        if not cached:
+            cursor.execute(
+                f"WITH gone AS ({delete} RETURNING {column}) "
+                f"SELECT count(*), max({column}) FROM gone",
+                params,
+            )
+            count, last = cursor.fetchone()
+            return int(count), last
+        # With a replay cache, the deleted keys come back to be forgotten.
+        scope, key = quote("scope"), quote("idem_key")
+        cursor.execute(f"{delete} RETURNING {column}, {scope}, {key}", params)
+        rows = cursor.fetchall()
+    replay_cache.forget([(row[1], row[2]) for row in rows], database, tombstone=False)
+    return len(rows), max((row[0] for row in rows), default=None)
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:

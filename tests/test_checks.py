@@ -52,6 +52,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E023", {"RECOVERY_BATCH_SIZE": 0}),
     ("idempotency.E024", {"PURGE_BATCH_SIZE": 2.5}),
     ("idempotency.E025", {"RESOLVE_RETRY_SECONDS": -5}),
+    ("idempotency.E040", {"REPLAY_CACHE": "no-such-cache"}),
+    ("idempotency.E040", {"REPLAY_CACHE": 1}),
 ]
 
 
@@ -75,6 +77,31 @@ def test_every_check_id_is_tested():
 
 
 def test_defaults_pass():
+    assert our_errors() == []
+
+
+@override_settings(
+    IDEMPOTENCY={"REPLAY_CACHE": "replays"},
+    CACHES={
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replays": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    },
+)
+def test_a_replay_cache_in_one_process_is_warned_about():
+    assert our_errors() == ["idempotency.W041"]
+
+
+@override_settings(
+    IDEMPOTENCY={"REPLAY_CACHE": "replays"},
+    CACHES={
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replays": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/14",
+        },
+    },
+)
+def test_a_shared_replay_cache_passes():
     assert our_errors() == []
 
 
