@@ -17,12 +17,13 @@ from idempotency.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+    from idempotency.core import Attempt, Operation, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
     from idempotency.functions import idempotent_function
     from idempotency.http import IdempotencyOptions, mark_final
     from idempotency.models import IdempotencyRecord, Status
+    from idempotency.outcomes import Outcome, StoredResponse
     from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
     from idempotency.resolvers import Resolution, Resolver
     from idempotency.retention import purge
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "Attempt": "idempotency.core",
     "Operation": "idempotency.core",
-    "Outcome": "idempotency.core",
-    "StoredResponse": "idempotency.core",
+    "Outcome": "idempotency.outcomes",
+    "StoredResponse": "idempotency.outcomes",
     "execute": "idempotency.core",
     "idempotent": "idempotency.decorators",
     "idempotent_function": "idempotency.functions",

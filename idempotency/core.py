@@ -1,8 +1,10 @@
 """The idempotency protocol: claim a record, run the work once, store its outcome.
 
-This module knows nothing of HTTP. ``execute`` is generic over what the work
-returns; the adapters tell it how to turn that into an ``Outcome`` and how to
-rebuild it from a stored record.
+This module knows nothing of HTTP, nor of which database holds the records:
+it decides, and the alias's store (``idempotency.stores``) runs the
+statements. ``execute`` is generic over what the work returns; the adapters
+tell it how to turn that into an ``Outcome`` and how to rebuild it from a
+stored record.
 """
 
 from __future__ import annotations
@@ -13,27 +15,35 @@ import math
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, OperationalError, router, transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Value
-from django.db.models.functions import Now
+from django.db import DatabaseError, transaction
 
-from idempotency import postgres, replay_cache, signals
+from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.recovery import settle
 from idempotency.resolvers import ResolverSpec, resolver_for
+from idempotency.retention import retention_for
+from idempotency.stores import Store, records_database, store_for
 
 logger = logging.getLogger("idempotency")
 
 T = TypeVar("T")
+Claimed = tuple["Attempt | None", IdempotencyRecord | None]
 Mode = Literal["atomic", "lease"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
 
-_LOCK_NOT_AVAILABLE = "55P03"
+# Outcome and StoredResponse live in idempotency.outcomes; still importable from here.
+__all__ = ["MODES", "Attempt", "Mode", "Operation", "Outcome", "StoredResponse", "execute"]
+
+# How often a claim the database gave up (a deadlock's victim) is tried again,
+# each in a transaction of its own, before the duplicate is answered 409.
+CLAIM_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -59,12 +69,11 @@ class Operation:
 
     @property
     def database(self) -> str:
-        return (
-            self.using
-            or idempotency_settings.DATABASE
-            or router.db_for_write(IdempotencyRecord)
-            or DEFAULT_DB_ALIAS
-        )
+        return records_database(self.using)
+
+    @property
+    def store(self) -> Store:
+        return store_for(self.database)
 
 
 def bounded_scope(scope: str) -> str:
@@ -80,20 +89,6 @@ def bounded_scope(scope: str) -> str:
     return f"{scope[: width - len(digest) - 1]}#{digest}"
 
 
-@dataclass(frozen=True)
-class StoredResponse:
-    status: int
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes | None = None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: Status
-    response: StoredResponse | None = None
-    resource_id: str = ""
-
-
 @dataclass
 class Attempt:
     """The claim held by the running work; lets long work renew its lease."""
@@ -107,18 +102,12 @@ class Attempt:
         if self.operation.mode != "lease":
             return
         lease = _lease_length(self.operation, seconds)
-        updated = _owned(self.operation, self.record.pk, self.owner_token).update(
-            lease_until=Now() + Value(lease)
-        )
-        if not updated:
+        if not self.operation.store.renew(self.record.pk, self.owner_token, lease):
             raise LeaseLost()
 
 
-class _Discarded(Exception):
-    """Carries a result that must not be recorded out of the transaction it rolls back."""
-
-    def __init__(self, value: object) -> None:
-        self.value = value
+class _ClaimGivenUp(Exception):
+    """The database gave up the claim's transaction (a deadlock's victim): claim again."""
 
 
 def execute(
@@ -148,20 +137,25 @@ def _execute_atomic(
     decide: Callable[[T, Attempt], Outcome | None],
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
-    try:
+    def run() -> tuple[bool, T | IdempotencyRecord | None]:
         with transaction.atomic(using=operation.database):
             attempt, existing = _claim(operation)
-            if attempt is not None:
-                value = work(attempt)
-                outcome = decide(value, attempt)
-                if outcome is None:
-                    raise _Discarded(value)
+            if attempt is None:
+                return False, existing
+            value = work(attempt)
+            outcome = decide(value, attempt)
+            if outcome is None:
+                # Nothing recorded, nothing happened: the business writes go too.
+                transaction.set_rollback(True, using=operation.database)
+            else:
                 _finish(attempt, outcome)
-                return value
-    except _Discarded as discarded:
-        return discarded.value  # type: ignore[return-value]
+            return True, value
+
+    ran, result = _retried(operation, run)
+    if ran:
+        return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
-    return _replay(operation, existing, replay)
+    return _replay(operation, result, replay)  # type: ignore[arg-type]
 
 
 def _execute_leased(
@@ -171,7 +165,7 @@ def _execute_leased(
     decide: Callable[[T, Attempt], Outcome | None],
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
-    attempt, existing = _claim_committed(operation)
+    attempt, existing = _retried(operation, lambda: _claim_committed(operation))
     if attempt is None:
         return _replay(operation, existing, replay)
     try:
@@ -187,6 +181,25 @@ def _execute_leased(
     else:
         _finish(attempt, outcome)
     return value
+
+
+def _retried(operation: Operation, claim: Callable[[], T]) -> T:
+    """Run ``claim`` (which opens its own transaction) again when the database gave it up.
+
+    Only a transaction of our own can be tried again: inside the caller's,
+    what the database rolled back is the caller's to handle, so that is a 409.
+    """
+    connection = transaction.get_connection(operation.database)
+    retries = 0 if connection.in_atomic_block else CLAIM_RETRIES
+    for _ in range(retries):
+        try:
+            return claim()
+        except _ClaimGivenUp:
+            continue
+    try:
+        return claim()
+    except _ClaimGivenUp as exc:
+        raise _busy(operation) from exc
 
 
 def _replay(
@@ -206,9 +219,7 @@ def _replay(
     return replay(record)
 
 
-def _claim(
-    operation: Operation, *, one_statement: bool = True
-) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     """Claim the record inside the caller's transaction.
 
     Returns ``(attempt, None)`` when this call owns the record and must run the
@@ -220,12 +231,13 @@ def _claim(
     token = secrets.token_hex(16)
     record = _claim_in_one_statement(operation, token) if one_statement else None
     if record is None:
-        with _bounded_lock_wait(operation):
+        store = operation.store
+        with _contention_answered(operation), store.bounded_lock_wait(_lock_timeout(operation)):
             record = _insert_or_lock(operation, token)
     return _settle_claim(operation, record, token)
 
 
-def _claim_committed(operation: Operation) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _claim_committed(operation: Operation) -> Claimed:
     """Lease mode: the claim is committed before the work starts.
 
     Outside any transaction the one-statement claim commits by itself (no
@@ -244,9 +256,7 @@ def _claim_committed(operation: Operation) -> tuple[Attempt | None, IdempotencyR
         return _claim(operation)
 
 
-def _settle_claim(
-    operation: Operation, record: IdempotencyRecord, token: str
-) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _settle_claim(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
     if record.owner_token == token:
         return _claimed(operation, record, token, reclaimed=False), None
     if record.request_hash != operation.request_hash:
@@ -268,54 +278,34 @@ def _lease_lost(record: IdempotencyRecord) -> bool:
     return record.status == Status.PROCESSING and remaining is not None and remaining < timedelta(0)
 
 
-def _after_lost_lease(
-    operation: Operation, record: IdempotencyRecord, token: str
-) -> tuple[Attempt | None, IdempotencyRecord | None]:
+def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
     """Never re-run blindly: the first attempt may have had its effect. Ask the resolver."""
-    from idempotency.recovery import settle  # recovery builds on core: import at use
-
     _, settled = settle(record, resolver_for(operation.name, operation.resolver))
     if settled.status in REPLAYABLE:
         return None, settled
     if settled.status == Status.FAILED_RETRYABLE:
         _reclaim(operation, settled, token)
         return _claimed(operation, settled, token, reclaimed=True), None
-    return None, _locked(operation).get(pk=settled.pk)
+    return None, operation.store.lock(settled.pk)
 
 
 def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyRecord | None:
-    """PostgreSQL: insert the record, or read the committed one holding the key, in one trip.
+    """The new record, or a committed one that can be answered without a lock.
 
-    Returns the new record (owned by ``token``; in lease mode with its lease
-    taken), or a committed record that can be answered without a lock: a
-    replayable outcome, or another request under the same key. ``None`` when
-    the key is held by an unfinished record (or one this statement's snapshot
-    cannot see): the caller takes the locked path.
-
-    The statement bounds its own wait on a concurrent first attempt with
-    ``set_config('lock_timeout', ..., true)`` and restores the previous value
-    once the row is settled, instead of two ``SET LOCAL`` round trips.
+    That is a replayable outcome (``SUCCEEDED`` and ``FAILED_FINAL`` never
+    change) or another request under the same key. ``None`` sends the caller
+    to the locked path: the store has no one-statement claim, or the key is
+    held by an unfinished record.
     """
-    connection = transaction.get_connection(operation.database)
-    if connection.vendor != "postgresql":
-        return None
-    candidate = _candidate(operation, token)
     lease = _lease_length(operation) if operation.mode == "lease" else None
-    with _lock_timeout_as_key_in_use(operation):
-        found = postgres.claim(connection, candidate, _lock_timeout_ms(operation), lease)
-    if found.claimed_id is not None:
-        candidate.pk = found.claimed_id
-        candidate._state.adding = False
-        candidate._state.db = operation.database
-        candidate.lease_until = found.lease_until
-        if found.created_at is not None:
-            candidate.created_at = candidate.updated_at = found.created_at
-        return candidate
-    existing = found.existing
-    if existing is None:
-        return None
-    if existing.status in REPLAYABLE or existing.request_hash != operation.request_hash:
-        return existing  # SUCCEEDED and FAILED_FINAL never change: no lock needed to answer
+    with _contention_answered(operation):
+        record = operation.store.claim(
+            _candidate(operation, token), lease=lease, lock_timeout=_lock_timeout(operation)
+        )
+    if record is None or record.owner_token == token:
+        return record
+    if record.status in REPLAYABLE or record.request_hash != operation.request_hash:
+        return record
     return None
 
 
@@ -333,40 +323,20 @@ def _candidate(operation: Operation, token: str) -> IdempotencyRecord:
 
 
 def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
-    records = IdempotencyRecord.objects.using(operation.database)
     candidate = _candidate(operation, token)
-    # The unique constraint is the arbiter: of concurrent inserts exactly one
-    # lands, the others wait for it (bounded) and then lock the winner's row.
     for _ in range(3):
-        records.bulk_create([candidate], ignore_conflicts=True)
-        try:
-            return _locked(operation).get(scope=operation.scope, idem_key=operation.key)
-        except IdempotencyRecord.DoesNotExist:
-            # Purged between our insert and our lock: the key is free, insert again.
-            continue
+        record = operation.store.insert_or_lock(candidate)
+        if record is not None:
+            return record
+        # Purged between our insert and our lock: the key is free, insert again.
     raise KeyInUse(retry_after=idempotency_settings.RETRY_AFTER)
-
-
-def _locked(operation: Operation):  # type: ignore[no-untyped-def]
-    """Records locked for this transaction, with their remaining lease by the database clock."""
-    return (
-        IdempotencyRecord.objects.using(operation.database)
-        .select_for_update()
-        .annotate(
-            lease_remaining=ExpressionWrapper(
-                F("lease_until") - Now(), output_field=DurationField()
-            ),
-        )
-    )
 
 
 def _claimed(
     operation: Operation, record: IdempotencyRecord, token: str, *, reclaimed: bool
 ) -> Attempt:
     if operation.mode == "lease" and not reclaimed and record.lease_until is None:
-        _owned(operation, record.pk, token).update(
-            lease_until=Now() + Value(_lease_length(operation))
-        )
+        operation.store.renew(record.pk, token, _lease_length(operation))
     signals.record_claimed.send(
         IdempotencyRecord, record=record, operation=operation, reclaimed=reclaimed
     )
@@ -374,17 +344,8 @@ def _claimed(
 
 
 def _reclaim(operation: Operation, record: IdempotencyRecord, token: str) -> None:
-    lease = Now() + Value(_lease_length(operation)) if operation.mode == "lease" else None
-    IdempotencyRecord.objects.using(operation.database).filter(pk=record.pk).update(
-        status=Status.PROCESSING,
-        owner_token=token,
-        lease_until=lease,
-        attempts=F("attempts") + 1,
-        version=F("version") + 1,
-        completed_at=None,
-        expires_at=None,
-        updated_at=Now(),
-    )
+    lease = _lease_length(operation) if operation.mode == "lease" else None
+    operation.store.reclaim(record.pk, token, lease=lease)
     record.owner_token = token
     record.status = Status.PROCESSING
 
@@ -398,6 +359,12 @@ def _in_use(operation: Operation, record: IdempotencyRecord) -> KeyInUse:
     return KeyInUse(retry_after=retry_after)
 
 
+def _busy(operation: Operation) -> KeyInUse:
+    retry_after = idempotency_settings.RETRY_AFTER
+    signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
+    return KeyInUse(retry_after=retry_after)
+
+
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
     operation, response = attempt.operation, outcome.response
     values: dict[str, Any] = {
@@ -407,23 +374,9 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
         "response_body": response.body if response else None,
         "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
     }
-    connection = transaction.get_connection(operation.database)
-    if connection.vendor == "postgresql":
-        window = retention_for(operation.name, outcome.status)
-        record, token = attempt.record, attempt.owner_token
-        updated = postgres.finish(connection, record.pk, token, values, window)
-    else:
-        updated = _owned(operation, attempt.record.pk, attempt.owner_token).update(
-            **values,
-            lease_until=None,
-            completed_at=Now(),
-            expires_at=_expiry(operation, outcome.status),
-            updated_at=Now(),
-            version=F("version") + 1,
-        )
-    if not updated:
-        raise LeaseLost()
     window = retention_for(operation.name, outcome.status)
+    if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
+        raise LeaseLost()
     replay_cache.remember_outcome(operation, attempt.record.pk, outcome, window)
     signals.record_completed.send(
         IdempotencyRecord,
@@ -434,18 +387,12 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
 
 
 def _release(attempt: Attempt, *, delete: bool) -> None:
-    owned = _owned(attempt.operation, attempt.record.pk, attempt.owner_token)
+    store, pk, token = attempt.operation.store, attempt.record.pk, attempt.owner_token
     if delete:
-        owned.delete()
+        store.discard(pk, token)
         return
-    released = owned.update(
-        status=Status.FAILED_RETRYABLE,
-        lease_until=None,
-        expires_at=_expiry(attempt.operation, Status.FAILED_RETRYABLE),
-        updated_at=Now(),
-        version=F("version") + 1,
-    )
-    if released:
+    window = retention_for(attempt.operation.name, Status.FAILED_RETRYABLE)
+    if store.release(pk, token, window):
         signals.record_completed.send(
             IdempotencyRecord,
             record=attempt.record,
@@ -454,68 +401,26 @@ def _release(attempt: Attempt, *, delete: bool) -> None:
         )
 
 
-def _owned(operation: Operation, pk: int, token: str):  # type: ignore[no-untyped-def]
-    """The record, only while this attempt still holds it (fencing)."""
-    return IdempotencyRecord.objects.using(operation.database).filter(
-        pk=pk, owner_token=token, status=Status.PROCESSING
-    )
-
-
 def _lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
     length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
     return timedelta(seconds=length)
 
 
-def _expiry(operation: Operation, status: str):  # type: ignore[no-untyped-def]
-    window = retention_for(operation.name, status)
-    return None if window is None else Now() + Value(window)
-
-
-def retention_for(operation_name: str, status: str) -> timedelta | None:
-    """How long a record in ``status`` is kept; ``None`` means until an operator acts."""
-    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
-    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
-    return None if seconds is None else timedelta(seconds=float(seconds))
+def _lock_timeout(operation: Operation) -> float:
+    if operation.lock_timeout is not None:
+        return operation.lock_timeout
+    return float(idempotency_settings.LOCK_TIMEOUT)
 
 
 @contextmanager
-def _bounded_lock_wait(operation: Operation) -> Iterator[None]:
-    """Bound how long a duplicate waits on the first attempt's row; past it, 409.
-
-    The caller's own ``lock_timeout`` is put back afterwards: the work runs under it.
-    """
-    connection = transaction.get_connection(operation.database)
-    previous = None
-    if connection.vendor == "postgresql":
-        previous = postgres.set_lock_timeout(connection, _lock_timeout_ms(operation))
-    with _lock_timeout_as_key_in_use(operation):
-        yield
-    if previous is not None:
-        postgres.set_lock_timeout(connection, previous)
-
-
-@contextmanager
-def _lock_timeout_as_key_in_use(operation: Operation) -> Iterator[None]:
+def _contention_answered(operation: Operation) -> Iterator[None]:
+    """A claim that waited past its bound is a 409; one the database gave up, a retry."""
     try:
         yield
-    except OperationalError as exc:
-        if _is_lock_timeout(exc):
-            retry_after = idempotency_settings.RETRY_AFTER
-            signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=retry_after)
-            raise KeyInUse(retry_after=retry_after) from exc
+    except DatabaseError as exc:
+        contention = operation.store.contention(exc)
+        if contention == "busy":
+            raise _busy(operation) from exc
+        if contention == "retry":
+            raise _ClaimGivenUp() from exc
         raise
-
-
-def _lock_timeout_ms(operation: Operation) -> str:
-    seconds = (
-        operation.lock_timeout
-        if operation.lock_timeout is not None
-        else idempotency_settings.LOCK_TIMEOUT
-    )
-    return f"{max(1, int(seconds * 1000))}ms"
-
-
-def _is_lock_timeout(exc: OperationalError) -> bool:
-    cause = exc.__cause__
-    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return state == _LOCK_NOT_AVAILABLE or "database is locked" in str(exc)

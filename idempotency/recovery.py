@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db import transaction
 from django.db.models import Q
 
 from idempotency import signals
@@ -18,6 +18,7 @@ from idempotency.conf import idempotency_settings
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.resolvers import Resolution, Resolver, ask, resolver_for
+from idempotency.stores import records_database
 from idempotency.transitions import postpone, transition
 
 # What happened to a record (the ``outcome`` of ``signals.record_recovered``).
@@ -57,7 +58,7 @@ def resolve_record(record: IdempotencyRecord) -> str:
     ``NEEDS_REVIEW`` record (an operator asking again). Anything else, or a
     record another worker holds right now, is ``"skipped"``.
     """
-    database = record._state.db or _database()
+    database = record._state.db or records_database()
     with transaction.atomic(using=database):
         locked = (
             _eligible(IdempotencyRecord.objects.using(database))
@@ -82,7 +83,7 @@ def recover_expired(batch_size: int | None = None, dry_run: bool = False) -> Rec
     size = batch_size or idempotency_settings.RECOVERY_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
-    database = _database()
+    database = records_database()
     report = RecoveryReport(dry_run=dry_run)
     after: IdempotencyRecord | None = None
     while True:
@@ -181,9 +182,3 @@ def expired_batch(
 
 def _eligible(records: IdempotencyRecordQuerySet) -> IdempotencyRecordQuerySet:
     return records.expired_leases() | records.filter(status=Status.NEEDS_REVIEW)
-
-
-def _database() -> str:
-    return (
-        idempotency_settings.DATABASE or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
-    )

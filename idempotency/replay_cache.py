@@ -37,7 +37,8 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import REPLAYABLE, IdempotencyRecord
 
 if TYPE_CHECKING:
-    from idempotency.core import Operation, Outcome
+    from idempotency.core import Operation
+    from idempotency.outcomes import Outcome
 
 logger = logging.getLogger("idempotency")
 

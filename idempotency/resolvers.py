@@ -28,8 +28,8 @@ from django.db import transaction
 from idempotency.conf import idempotency_settings, load_callable
 
 if TYPE_CHECKING:
-    from idempotency.core import StoredResponse
     from idempotency.models import IdempotencyRecord
+    from idempotency.outcomes import StoredResponse
 
 logger = logging.getLogger("idempotency")
 

@@ -1,6 +1,6 @@
 """Retention: delete finished records once their window has passed, in bounded batches.
 
-``expires_at`` is set when a record reaches a final state (``core.retention_for``:
+``expires_at`` is set when a record reaches a final state (``retention_for``:
 ``RETENTION`` per status, ``OPERATION_RETENTION`` per operation). Purge deletes
 rows whose ``expires_at`` has passed, reading them through the partial index
 on ``expires_at``, so its cost grows with the rows it deletes, not with the
@@ -13,14 +13,22 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
+from idempotency.stores import records_database, store_for
 
 Progress = Callable[[int, int], None]
+
+
+def retention_for(operation_name: str, status: str) -> timedelta | None:
+    """How long a record in ``status`` is kept; ``None`` means until an operator acts."""
+    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
+    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
+    return None if seconds is None else timedelta(seconds=float(seconds))
 
 
 def purge(
@@ -45,7 +53,7 @@ def purge(
     size = batch_size or idempotency_settings.PURGE_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
-    database = _database()
+    database = records_database()
     candidates = purgeable(database, older_than=older_than, statuses=statuses, scope=scope)
     total = candidates.count() if dry_run or progress else 0
     deleted = total if dry_run else _delete_in_batches(database, candidates, size, total, progress)
@@ -62,7 +70,7 @@ def purgeable(
 ) -> IdempotencyRecordQuerySet:
     """The records purge would take, oldest first, in an order an index serves."""
     chosen = _statuses(statuses)
-    records = IdempotencyRecord.objects.using(database or _database())
+    records = IdempotencyRecord.objects.using(records_database(database))
     if older_than is None:
         # The partial index idempotency_expires_idx (expires_at IS NOT NULL) serves this.
         records = records.filter(
@@ -103,7 +111,11 @@ def _delete_in_batches(
         # slower than the one before until vacuum). Rows skipped as locked wait for the next pass.
         chosen = candidates if floor is None else candidates.filter(**{f"{ordering}__gte": floor})
         with transaction.atomic(using=database):
-            count, floor = _delete_batch(database, chosen, size, ordering)
+            if idempotency_settings.REPLAY_CACHE is None:
+                # One statement where the store can: no list of ids goes back and forth.
+                count, floor = store_for(database).delete_batch(batch(chosen, size), ordering)
+            else:
+                count, floor = _delete_and_forget(database, batch(chosen, size), ordering)
         deleted += count
         if progress is not None and count:
             progress(deleted, max(total, deleted))
@@ -111,44 +123,14 @@ def _delete_in_batches(
             return deleted
 
 
-def _delete_batch(
-    database: str, chosen: IdempotencyRecordQuerySet, size: int, ordering: str
+def _delete_and_forget(
+    database: str, picked: IdempotencyRecordQuerySet, ordering: str
 ) -> tuple[int, Any]:
-    """Delete one batch (in a transaction); returns how many rows and where the batch ended.
-
-    One statement: the database picks, locks (skipping rows a request holds) and
-    deletes the rows; no list of ids goes back and forth.
-    """
-    picked = batch(chosen, size).values("pk")
-    connection = connections[database]
-    cached = idempotency_settings.REPLAY_CACHE is not None
-    if connection.vendor != "postgresql":
-        records = IdempotencyRecord.objects.using(database).filter(pk__in=picked)
-        gone = list(records.values_list("scope", "idem_key")) if cached else []
-        count, _ = records.delete()
-        replay_cache.forget(gone, database, tombstone=False)
-        return count, None
-    query, params = picked.query.sql_with_params()
-    meta = IdempotencyRecord._meta
-    quote = connection.ops.quote_name
-    table, pk = quote(meta.db_table), quote(str(meta.pk.column))  # type: ignore[union-attr]
-    column = quote(str(getattr(meta.get_field(ordering), "column", ordering)))
-    delete = f"DELETE FROM {table} WHERE {pk} IN ({query})"
-    with connection.cursor() as cursor:
-        if not cached:
-            cursor.execute(
-                f"WITH gone AS ({delete} RETURNING {column}) "
-                f"SELECT count(*), max({column}) FROM gone",
-                params,
-            )
-            count, last = cursor.fetchone()
-            return int(count), last
-        # With a replay cache, the deleted keys come back to be forgotten.
-        scope, key = quote("scope"), quote("idem_key")
-        cursor.execute(f"{delete} RETURNING {column}, {scope}, {key}", params)
-        rows = cursor.fetchall()
+    """With a replay cache: lock the batch reading its keys, delete it, forget the keys."""
+    rows = list(picked.values_list("pk", "scope", "idem_key", ordering))
+    IdempotencyRecord.objects.using(database).filter(pk__in=[row[0] for row in rows]).delete()
     replay_cache.forget([(row[1], row[2]) for row in rows], database, tombstone=False)
-    return len(rows), max((row[0] for row in rows), default=None)
+    return len(rows), max((row[3] for row in rows), default=None)
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
@@ -163,9 +145,3 @@ def _statuses(statuses: Iterable[str] | None) -> list[str]:
             "(PROCESSING and NEEDS_REVIEW records are never purged)."
         )
     return chosen
-
-
-def _database() -> str:
-    return (
-        idempotency_settings.DATABASE or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
-    )

@@ -1,4 +1,4 @@
-"""Operator and recovery state changes, through the state machine of DESIGN.md section 2.
+"""Operator and recovery state changes, through the records' state machine.
 
 Every change is a conditional UPDATE on the state and version the caller saw
 (optimistic, fenced): if anything changed the record meanwhile, nothing is
@@ -14,9 +14,10 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from idempotency import replay_cache
-from idempotency.core import StoredResponse, retention_for
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import StoredResponse
+from idempotency.retention import retention_for
 
 # Transitions made outside a request: by recovery or by an operator.
 # (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to core.claim.)

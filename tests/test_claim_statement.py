@@ -162,13 +162,28 @@ def test_a_duplicate_of_an_unfinished_claim_still_waits_bounded_then_409():
     assert run(operation()) == "replayed"
 
 
+PREPARING = {"server_side_binding": True, "prepare_threshold": 0}
+
+
 @pytest.fixture
 def own_session():
-    """A session of its own: prepared statements live as long as their session."""
+    """A session of its own, made with the ``OPTIONS`` a test gives it.
+
+    Prepared statements live as long as their session, and psycopg reads
+    these options when it connects.
+    """
+    options = connection.settings_dict["OPTIONS"]
+
+    def connect(**changes: Any) -> None:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = {
+            name: value for name, value in options.items() if name not in PREPARING
+        } | changes
+        connection.ensure_connection()
+
+    yield connect
     connection.close()
-    connection.ensure_connection()
-    yield connection.connection
-    connection.close()
+    connection.settings_dict["OPTIONS"] = options
 
 
 def our_prepared_statements() -> list[str]:
@@ -179,7 +194,7 @@ def our_prepared_statements() -> list[str]:
 
 @pytest.mark.parametrize("mode", ["atomic", "lease"])
 def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own_session, mode):
-    own_session.prepare_threshold = 0  # as OPTIONS = {"prepare_threshold": 0} sets it
+    own_session(**PREPARING)  # as a deployment turns preparing on
     assert run(operation(mode=mode)) == "ran"
     # (a rollback, as here in atomic mode, makes psycopg deallocate what it prepared)
     with pytest.raises(KeyReused):
@@ -193,7 +208,7 @@ def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own
 
 
 def test_with_djangos_default_nothing_is_prepared(own_session):
-    own_session.prepare_threshold = None  # Django's default: poolers may not keep them
+    own_session()  # Django's default: client-side binding, for poolers that drop them
     run(operation())
     run(operation(key="k-2"))
     assert our_prepared_statements() == []

@@ -18,17 +18,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from idempotency import signals
-from idempotency.core import (
-    Attempt,
-    Operation,
-    Outcome,
-    StoredResponse,
-    execute,
-    retention_for,
-)
+from idempotency.core import Attempt, Operation, execute
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.retention import retention_for
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 

@@ -1,4 +1,4 @@
-"""Every row of DESIGN.md section 4 through DRF's test client, against ``tests/urls.py``."""
+"""Every row of docs/http.md's answers through DRF's test client, against ``tests/urls.py``."""
 
 from __future__ import annotations
 

@@ -13,11 +13,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from idempotency import signals
-from idempotency.core import Operation, Outcome, StoredResponse, execute, retention_for
+from idempotency.core import Operation, execute
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.recovery import expired_batch
-from idempotency.retention import batch, purge, purgeable
+from idempotency.retention import batch, purge, purgeable, retention_for
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 
-# DESIGN.md section 2, the arrows that do not belong to a request's own claim.
+# The state machine's arrows that do not belong to a request's own claim.
 EXPECTED = {
     (Status.PROCESSING, Status.SUCCEEDED),
     (Status.PROCESSING, Status.FAILED_RETRYABLE),

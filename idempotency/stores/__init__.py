@@ -1,0 +1,63 @@
+"""Where the records live, and the store that talks to that database.
+
+``store_for(alias)`` is the one place that asks which database an alias is:
+everything else asks the store.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import import_module
+from importlib.util import find_spec
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS, connections, router
+
+from idempotency.conf import idempotency_settings
+from idempotency.models import IdempotencyRecord
+from idempotency.stores.base import Contention, Store
+from idempotency.stores.generic import GenericStore
+
+__all__ = ["Contention", "GenericStore", "Store", "records_database", "store_for"]
+
+# A vendor's own store, by ``connection.vendor``; any other database gets GenericStore.
+VENDOR_STORES = {
+    "postgresql": "idempotency.stores.postgres.PostgresStore",
+    "mysql": "idempotency.stores.mysql.MySQLStore",
+}
+
+
+def records_database(using: str | None = None) -> str:
+    """The alias holding the records: ``using``, else ``DATABASE``, else the router's choice."""
+    return (
+        using
+        or idempotency_settings.DATABASE
+        or router.db_for_write(IdempotencyRecord)
+        or DEFAULT_DB_ALIAS
+    )
+
+
+@cache
+def store_for(alias: str) -> Store:
+    """The store for ``alias``, made on first use and kept."""
+    return _store_class(connections[alias].vendor)(alias)
+
+
+def _store_class(vendor: str) -> type[Store]:
+    path = VENDOR_STORES.get(vendor)
+    if path is None:
+        return GenericStore
+    module, _, name = path.rpartition(".")
+    if find_spec(module) is None:  # a vendor whose store this version does not ship
+        return GenericStore
+    store: type[Store] = getattr(import_module(module), name)
+    return store
+
+
+def _forget_stores(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES":
+        store_for.cache_clear()
+
+
+setting_changed.connect(_forget_stores)

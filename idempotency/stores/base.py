@@ -1,0 +1,166 @@
+"""The interface between the idempotency protocol and the database holding the records.
+
+``core`` decides what happens to a key; a store only talks to the database.
+One store is made per database alias (``idempotency.stores.store_for``) and
+kept: a store may compose and cache its statements once.
+
+The contract every store keeps:
+
+- Every method works on ``self.alias``, inside the caller's transaction when
+  there is one. None opens, commits or rolls back a transaction, except where
+  its docstring says so.
+- A record's owner is the attempt whose ``owner_token`` it holds. Every write
+  made for an owner (``renew``, ``finish``, ``release``, ``discard``) is
+  conditional on ``owner_token = token AND status = 'PROCESSING'`` (fencing)
+  and returns whether it landed; a write that did not land changed nothing.
+- Lease lengths and retention windows are ``timedelta``s added to the
+  database's clock, never to this process's.
+- Records a store returns are model instances made by the ORM (a queryset,
+  ``.raw()`` or ``Model.from_db``), bound to ``self.alias``.
+- Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
+  does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
+  error means, and ``core`` decides what to answer.
+
+A subclass adds a vendor's faster or safer statements; ``GenericStore``
+(``idempotency.stores.generic``) is the ORM version of every method and the
+one to subclass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Any, Literal
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
+
+# What a database error met while claiming means (``Store.contention``):
+# "busy": the wait on the record's current holder ran past its bound, answer 409;
+# "retry": the database gave up this transaction (a deadlock or serialization
+# failure) and a new transaction may claim again.
+Contention = Literal["busy", "retry"]
+
+
+class Store(ABC):
+    """How one database alias claims, finishes, recovers and purges records."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
+
+    # The claim
+
+    @abstractmethod
+    def claim(
+        self, candidate: IdempotencyRecord, *, lease: timedelta | None, lock_timeout: float
+    ) -> IdempotencyRecord | None:
+        """Insert ``candidate``, or read the committed record holding its key, in one statement.
+
+        ``candidate`` is an unsaved ``PROCESSING`` record carrying a fresh
+        ``owner_token``; with ``lease`` the record is inserted with its lease
+        taken (``lease_until`` = database clock + ``lease``). The statement
+        waits at most ``lock_timeout`` seconds on a concurrent insert of the
+        same key, and leaves the connection's own lock wait setting as it found it.
+
+        Returns the inserted record (its ``owner_token`` is the candidate's)
+        or the committed record holding the key (another token: read, not
+        locked). Returns ``None`` when the store has no such statement or the
+        statement could not see the record holding the key (one committed
+        after it started): ``core`` then takes the locked path
+        (``bounded_lock_wait`` around ``insert_or_lock``). Outside a
+        transaction the insert commits by itself.
+        """
+
+    @abstractmethod
+    def insert_or_lock(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
+        """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
+
+        Runs inside a transaction (``core`` opens it). The unique constraint on
+        (scope, idem_key) is the arbiter: of concurrent inserts exactly one
+        lands; the others wait for it (as bounded by ``bounded_lock_wait``) and
+        lock the winner's row. Returns that row, locked until the transaction
+        ends and annotated with ``lease_remaining`` (see ``lock``), or
+        ``None`` when it vanished between the insert and the lock (purged:
+        ``core`` may try again).
+        """
+
+    @abstractmethod
+    def lock(self, pk: int) -> IdempotencyRecord:
+        """The record ``pk``, locked until the transaction ends.
+
+        Annotated with ``lease_remaining``: ``lease_until`` minus the
+        database clock (a ``timedelta``, negative once the lease ran out;
+        ``None`` without a lease).
+        """
+
+    @abstractmethod
+    def reclaim(self, pk: int, token: str, *, lease: timedelta | None) -> None:
+        """Hand the locked record ``pk`` to the owner ``token`` as ``PROCESSING`` again.
+
+        One more attempt, a new version, no outcome and no expiry; with
+        ``lease`` a fresh lease. The caller holds the row's lock (it settled
+        the record from ``insert_or_lock`` or ``lock``), so nothing is fenced here.
+        """
+
+    @abstractmethod
+    def bounded_lock_wait(self, seconds: float) -> AbstractContextManager[None]:
+        """While inside, a wait on a row lock gives up after ``seconds`` with a "busy" error.
+
+        The caller's previous setting is put back on leaving. Where the
+        database itself undoes the setting with the failed statement's
+        rollback (PostgreSQL's transaction-local settings), a store may leave
+        that to it when the body raises; a setting that outlives a rollback
+        (a session variable) must be put back then too.
+        """
+
+    @abstractmethod
+    def contention(self, error: DatabaseError) -> Contention | None:
+        """What ``error``, raised while claiming, means for the key; ``None``: a real error."""
+
+    # The owner's writes (fenced by ``token``)
+
+    @abstractmethod
+    def renew(self, pk: int, token: str, lease: timedelta) -> bool:
+        """Set the lease to end ``lease`` from now, by the database clock."""
+
+    @abstractmethod
+    def finish(
+        self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
+    ) -> bool:
+        """Record the outcome: ``values`` by field name, no lease, completed now.
+
+        ``values`` holds ``status``, ``response_status``, ``response_headers``,
+        ``response_body`` and ``resource_id`` (Python values, as the model's
+        fields take them). ``expires_in`` is the retention window (``None``:
+        kept until an operator acts). ``version`` goes up by one.
+        """
+
+    @abstractmethod
+    def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
+        """Leave the record ``FAILED_RETRYABLE``: the same request may claim it again."""
+
+    @abstractmethod
+    def discard(self, pk: int, token: str) -> bool:
+        """Delete the record: nothing was recorded and the key is free again."""
+
+    # Purge
+
+    @abstractmethod
+    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
+        """Delete the rows of ``batch``: purge's next batch, not yet evaluated.
+
+        ``batch`` is locked and sliced (``select_for_update(skip_locked=True)``,
+        ordered by the field named ``ordering``, at most the batch size), so
+        rows a running request holds are skipped. Runs inside a transaction
+        (``retention`` opens one per batch). Returns how many rows went and the
+        largest ``ordering`` value among them, or ``None`` for it where the
+        store does not track it (the next batch then scans from the start
+        again, which is only slower).
+        """

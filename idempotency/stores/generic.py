@@ -1,0 +1,118 @@
+"""The ORM store: SQLite, and any database without a store of its own.
+
+Every statement is the ORM's. There is no one-statement claim: every claim
+takes the locked path. On SQLite, writes are serialised by the database
+(``select_for_update`` is a no-op there) and a writer that waits past the
+connection's ``timeout`` gets "database is locked": that is the bounded wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.models import DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
+
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.stores.base import Contention, Store
+
+# SQLite's answer to a writer that waited out the connection's timeout.
+_SQLITE_BUSY = ("database is locked", "database table is locked")
+
+
+class GenericStore(Store):
+    def claim(
+        self, candidate: IdempotencyRecord, *, lease: timedelta | None, lock_timeout: float
+    ) -> IdempotencyRecord | None:
+        return None
+
+    def insert_or_lock(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
+        self.records().bulk_create([candidate], ignore_conflicts=True)
+        return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
+
+    def lock(self, pk: int) -> IdempotencyRecord:
+        return self.locked().get(pk=pk)
+
+    def reclaim(self, pk: int, token: str, *, lease: timedelta | None) -> None:
+        self.records().filter(pk=pk).update(
+            status=Status.PROCESSING,
+            owner_token=token,
+            lease_until=None if lease is None else Now() + Value(lease),
+            attempts=F("attempts") + 1,
+            version=F("version") + 1,
+            completed_at=None,
+            expires_at=None,
+            updated_at=Now(),
+        )
+
+    @contextmanager
+    def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
+        yield  # no per-transaction setting: the connection's own timeout bounds the wait
+
+    def contention(self, error: DatabaseError) -> Contention | None:
+        return "busy" if any(message in str(error) for message in _SQLITE_BUSY) else None
+
+    def renew(self, pk: int, token: str, lease: timedelta) -> bool:
+        return bool(self.owned(pk, token).update(lease_until=Now() + Value(lease)))
+
+    def finish(
+        self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
+    ) -> bool:
+        return bool(
+            self.owned(pk, token).update(
+                **values,
+                lease_until=None,
+                completed_at=Now(),
+                expires_at=_expiry(expires_in),
+                updated_at=Now(),
+                version=F("version") + 1,
+            )
+        )
+
+    def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
+        return bool(
+            self.owned(pk, token).update(
+                status=Status.FAILED_RETRYABLE,
+                lease_until=None,
+                expires_at=_expiry(expires_in),
+                updated_at=Now(),
+                version=F("version") + 1,
+            )
+        )
+
+    def discard(self, pk: int, token: str) -> bool:
+        deleted, _ = self.owned(pk, token).delete()
+        return bool(deleted)
+
+    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
+        deleted, _ = self.records().filter(pk__in=batch.values("pk")).delete()
+        return deleted, None
+
+    # For subclasses: the querysets the statements above are made of.
+
+    def records(self) -> IdempotencyRecordQuerySet:
+        return IdempotencyRecord.objects.using(self.alias)
+
+    def owned(self, pk: int, token: str) -> IdempotencyRecordQuerySet:
+        """The record, only while ``token`` still holds it (fencing)."""
+        return self.records().filter(pk=pk, owner_token=token, status=Status.PROCESSING)
+
+    def locked(self) -> IdempotencyRecordQuerySet:
+        """Records locked for this transaction, with their remaining lease by the database clock."""
+        return (
+            self.records()
+            .select_for_update()
+            .annotate(
+                lease_remaining=ExpressionWrapper(
+                    F("lease_until") - Now(), output_field=DurationField()
+                ),
+            )
+        )
+
+
+def _expiry(window: timedelta | None) -> Any:
+    return None if window is None else Now() + Value(window)
