@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.cache import caches
-from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheBackendError
 from django.db import transaction
 
 from idempotency.conf import idempotency_settings
@@ -145,7 +145,13 @@ def _by_database(
 
 def _cache() -> BaseCache | None:
     alias = idempotency_settings.REPLAY_CACHE
-    return None if alias is None else caches[alias]
+    if alias is None:
+        return None
+    try:
+        return caches[alias]
+    except InvalidCacheBackendError:  # idempotency.E040 says so at start-up
+        logger.error("idempotency REPLAY_CACHE names no cache of CACHES: %r", alias)
+        return None
 
 
 _FIELDS = (

@@ -298,6 +298,13 @@ def test_when_the_cache_is_down_the_database_answers(user):
     assert replayed["Idempotent-Replayed"] == "true"
 
 
+def test_a_cache_alias_that_does_not_exist_leaves_the_database_to_answer(user):
+    with override_settings(IDEMPOTENCY={"REPLAY_CACHE": "no-such-cache"}):
+        client = client_for(user)
+        assert post(client).status_code == 201
+        assert post(client)["Idempotent-Replayed"] == "true"
+
+
 def _probe(user) -> IdempotencyRecord:
     """The record of another key, with the scope and request hash that ``post`` sends."""
     response = post(client_for(user), key="probe")
