@@ -71,8 +71,9 @@ def _scripts() -> dict[str, str]:
     insert, claim, finish = _captured_statements(key)
     # The claim's id goes into :claimed_id (pgbench's \gset) for the finish to use;
     # each transaction takes a new key.
-    claim = claim.replace(f"'{key}'", "'floor-' || :k").replace(
-        'SELECT claimed."id",', 'SELECT claimed."id" AS claimed_id,', 1
+    claim = claim.replace(f"'{key}'", "'floor-' || :k")
+    claim = re.sub(
+        r'SELECT (claimed|record)\.("id"|\*),', r'SELECT \1."id" AS claimed_id,', claim, count=1
     )
     finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
     return {

@@ -113,10 +113,7 @@ class Measured:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    database = Database.from_url(
-        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        args.database,
-    )
+    database = Database.named(args.database)
     database.recreate()
     try:
         env = environment(database, None, run_id=uuid.uuid4().hex[:12])

@@ -18,6 +18,7 @@ from benchmarks.floor import (
 )
 from benchmarks.http_scenarios import (
     OURS,
+    OURS_CACHED,
     OURS_PREPARED,
     PLAIN,
     PLAIN_ATOMIC,
@@ -27,6 +28,8 @@ from benchmarks.http_scenarios import (
 )
 from benchmarks.loadgen import Sample
 from benchmarks.stats import Summary, percentile, summarize
+
+CACHED = OURS_CACHED.name.removeprefix(OURS.name)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,20 @@ def _ratios(results: Results) -> list[Ratio]:
             _paired(replays, f"{OURS_PREPARED.name}, replays", f"{OURS_PREPARED.name}, fresh keys"),
             ">= 2",
         ),
+        Ratio(
+            f"replays / fresh creates, throughput{CACHED}",
+            _paired(replays, f"{OURS_CACHED.name}, replays", f"{OURS_CACHED.name}, fresh keys"),
+            ">= 2",
+        ),
+        Ratio(
+            f"first requests, throughput: idempotency{CACHED} / unprotected",
+            _paired(first, OURS_CACHED.name, PLAIN.name),
+            ">= 0.9",
+        ),
+        Ratio(
+            f"first requests, throughput: idempotency{CACHED} / without it",
+            _paired(first, OURS_CACHED.name, ours),
+        ),
     ]
     ratios += _floor_ratios(results.floor)
     ratios += _hot_ratios(results.hot, results.alternatives)
@@ -138,6 +155,13 @@ def _ratios(results: Results) -> list[Ratio]:
             Ratio(
                 f"replays, throughput: idempotency / {alternative}",
                 _paired(replays, replayed, f"{alternative}, replays"),
+                "> 1",
+            )
+        )
+        ratios.append(
+            Ratio(
+                f"replays, throughput: idempotency{CACHED} / {alternative}",
+                _paired(replays, f"{OURS_CACHED.name}, replays", f"{alternative}, replays"),
                 "> 1",
             )
         )
