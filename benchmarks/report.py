@@ -32,6 +32,19 @@ from benchmarks.stats import Summary, percentile, summarize
 CACHED = OURS_CACHED.name.removeprefix(OURS.name)
 
 
+class RoundRatio(float):
+    """The median of per-round ratios, remembering the lowest and the highest round."""
+
+    low = math.nan
+    high = math.nan
+
+    @classmethod
+    def of(cls, pairs: Sequence[float]) -> RoundRatio:
+        ratio = cls(statistics.median(pairs))
+        ratio.low, ratio.high = min(pairs), max(pairs)
+        return ratio
+
+
 @dataclass(frozen=True)
 class Ratio:
     name: str
@@ -180,7 +193,7 @@ def _paired(samples: dict[str, list[Sample]], a: str, b: str) -> float:
         for one, other in zip(samples.get(a, []), samples.get(b, []), strict=False)
         if other.throughput
     ]
-    return statistics.median(pairs) if pairs else math.nan
+    return RoundRatio.of(pairs) if pairs else math.nan
 
 
 def _purge_ratios(purge: PurgeResult | None) -> list[Ratio]:
@@ -267,12 +280,20 @@ def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Rat
 
 
 def _ratio_table(ratios: Sequence[Ratio]) -> str:
-    rows = ["| comparison | ratio | target | |", "|---|---:|---|---|"]
+    rows = ["| comparison | ratio | rounds | target | |", "|---|---:|---|---|---|"]
     rows += [
-        f"| {ratio.name} | {ratio.value:.2f} | {ratio.target or '-'} | {ratio.verdict} |"
+        f"| {ratio.name} | {ratio.value:.2f} | {_spread(ratio.value)} | {ratio.target or '-'} "
+        f"| {ratio.verdict} |"
         for ratio in ratios
     ]
     return "\n".join(rows)
+
+
+def _spread(value: float) -> str:
+    """The range of the per-round ratios behind a median; "-" where there are no rounds."""
+    if not isinstance(value, RoundRatio):
+        return "-"
+    return f"{value.low:.2f} to {value.high:.2f}"
 
 
 def _http_table(summaries: dict[str, Summary]) -> str:

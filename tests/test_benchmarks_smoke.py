@@ -34,7 +34,7 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
         "## Query plans",
     ]:
         assert heading in result.stdout
-    assert "| comparison | ratio | target | |" in result.stdout
+    assert "| comparison | ratio | rounds | target | |" in result.stdout
     assert "| unprotected |" in result.stdout
     assert "| idempotency (atomic) |" in result.stdout
     # the second server, whose connections prepare statements
