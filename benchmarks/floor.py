@@ -69,13 +69,10 @@ def measure(database: Database, rounds: int, seconds: int, clients: int) -> Floo
 def _scripts() -> dict[str, str]:
     key = f"floor-{uuid.uuid4().hex}"
     insert, claim, finish = _captured_statements(key)
-    # The claim's id goes into :claimed_id (pgbench's \gset) for the finish to use;
-    # each transaction takes a new key.
+    # The claim returns the record's row: pgbench's \gset makes each column a
+    # variable, and the finish uses :id. Each transaction takes a new key.
     claim = claim.replace(f"'{key}'", "'floor-' || :k")
-    claim = re.sub(
-        r'SELECT (claimed|record)\.("id"|\*),', r'SELECT \1."id" AS claimed_id,', claim, count=1
-    )
-    finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
+    finish = re.sub(r'"id" = \d+', '"id" = :id', finish, count=1)
     return {
         UNPROTECTED: f"{insert};\n",
         TRANSACTION: f"BEGIN;\n{insert};\nCOMMIT;\n",

@@ -6,9 +6,10 @@ this process (no HTTP, no gunicorn, no load generator) and measures, per
 request, the CPU time of this process and of its PostgreSQL backend (read from
 ``/proc``, so the server must run on this machine), in alternating rounds:
 the unprotected create, the protected create, and replays of recorded keys,
-each with this app's statements prepared and not (the connection's
-``prepare_threshold`` switched between rounds; Django's own statements are
-never prepared here). Prints a markdown table. Needs PostgreSQL as
+each on a connection as Django makes it by default and on one that prepares
+its statements (``OPTIONS`` ``server_side_binding`` and ``prepare_threshold``,
+Django's statements and this app's alike; the connection is made again for
+each round). Prints a markdown table. Needs PostgreSQL as
 ``benchmarks/run.py`` does; creates and drops the database
 ``idempotency_inprocess``.
 """
@@ -33,6 +34,7 @@ from benchmarks.server import PASSWORD, USER, Database  # noqa: E402
 from benchmarks.stats import rotated  # noqa: E402
 
 BODY = b'{"sku": "bench", "quantity": 1}'
+PREPARING = {"server_side_binding": True, "prepare_threshold": 0}
 
 
 @dataclass
@@ -97,12 +99,18 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
     def replay() -> None:
         post("/api/orders/", recorded[len(recorded) // 2])
 
-    variants: dict[str, tuple[Callable[[], None], int | None]] = {
-        "unprotected": (unprotected, None),
-        "idempotency (atomic)": (protected, None),
-        "idempotency (atomic), its statements prepared": (protected, 0),
-        "replays": (replay, None),
-        "replays, its statements prepared": (replay, 0),
+    variants: dict[str, tuple[Callable[[], None], bool]] = {
+        "unprotected": (unprotected, False),
+        "unprotected, prepared": (unprotected, True),
+        "idempotency (atomic)": (protected, False),
+        "idempotency (atomic), prepared": (protected, True),
+        "replays": (replay, False),
+        "replays, prepared": (replay, True),
+    }
+    options = {
+        name: value
+        for name, value in connection.settings_dict["OPTIONS"].items()
+        if name not in PREPARING
     }
     for _ in range(20):  # warm up: imports, caches, the first keys to replay
         unprotected()
@@ -110,9 +118,10 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
     costs = {name: Cost() for name in variants}
     for round_ in range(rounds):
         for name in rotated(list(variants), round_):
-            work, threshold = variants[name]
+            work, prepared = variants[name]
+            connection.close()  # psycopg reads the options when it connects
+            connection.settings_dict["OPTIONS"] = options | (PREPARING if prepared else {})
             connection.ensure_connection()
-            connection.connection.prepare_threshold = threshold
             _run(costs[name], work, requests, _backend_cpu(connection))
     return costs
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 from django.db import DatabaseError, transaction
@@ -29,7 +30,7 @@ from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.recovery import settle
 from idempotency.resolvers import ResolverSpec, resolver_for
 from idempotency.retention import retention_for
-from idempotency.stores import Store, records_database, store_for
+from idempotency.stores import Candidate, Store, records_database, store_for
 
 logger = logging.getLogger("idempotency")
 
@@ -67,11 +68,11 @@ class Operation:
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
 
-    @property
+    @cached_property
     def database(self) -> str:
         return records_database(self.using)
 
-    @property
+    @cached_property
     def store(self) -> Store:
         return store_for(self.database)
 
@@ -309,15 +310,14 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     return None
 
 
-def _candidate(operation: Operation, token: str) -> IdempotencyRecord:
-    return IdempotencyRecord(
+def _candidate(operation: Operation, token: str) -> Candidate:
+    return Candidate(
         scope=operation.scope,
         idem_key=operation.key,
         operation=operation.name[:255],
         request_hash=operation.request_hash,
         request_method=operation.method[:16],
         request_path=operation.path[:2048],
-        status=Status.PROCESSING,
         owner_token=token,
     )
 

@@ -16,10 +16,10 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
-from idempotency.stores.base import Contention, Store
+from idempotency.stores.base import Candidate, Contention, Store
 from idempotency.stores.generic import GenericStore
 
-__all__ = ["Contention", "GenericStore", "Store", "records_database", "store_for"]
+__all__ = ["Candidate", "Contention", "GenericStore", "Store", "records_database", "store_for"]
 
 # A vendor's own store, by ``connection.vendor``; any other database gets GenericStore.
 VENDOR_STORES = {

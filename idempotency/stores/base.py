@@ -6,6 +6,9 @@ kept: a store may compose and cache its statements once.
 
 The contract every store keeps:
 
+- One store serves every thread: it keeps no connection, cursor or
+  per-request state (``self.connection`` looks the thread's connection up
+  each time), only what is the same for the whole alias (composed SQL).
 - Every method works on ``self.alias``, inside the caller's transaction when
   there is one. None opens, commits or rolls back a transaction, except where
   its docstring says so.
@@ -19,7 +22,9 @@ The contract every store keeps:
   ``.raw()`` or ``Model.from_db``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
   does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
-  error means, and ``core`` decides what to answer.
+  error means, and ``core`` decides what to answer (it claims again after a
+  "retry" only in a transaction it opened itself, at most ``core.CLAIM_RETRIES``
+  times; inside the caller's transaction, or past that, it answers 409).
 
 A subclass adds a vendor's faster or safer statements; ``GenericStore``
 (``idempotency.stores.generic``) is the ORM version of every method and the
@@ -30,19 +35,52 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 
 # What a database error met while claiming means (``Store.contention``):
 # "busy": the wait on the record's current holder ran past its bound, answer 409;
 # "retry": the database gave up this transaction (a deadlock or serialization
 # failure) and a new transaction may claim again.
 Contention = Literal["busy", "retry"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The record a claim would insert: what the request fills in, and its owner's token.
+
+    Every other column starts at the model's default (``status``
+    ``PROCESSING``, one attempt, version 1) or, for the timestamps, at the
+    database clock. Not a model instance: the claim's hot path makes the one
+    instance it returns from the row the database answers with.
+    """
+
+    scope: str
+    idem_key: str
+    operation: str
+    request_hash: str
+    request_method: str
+    request_path: str
+    owner_token: str
+
+    def instance(self) -> IdempotencyRecord:
+        """The unsaved record, for stores that insert through the ORM."""
+        return IdempotencyRecord(
+            scope=self.scope,
+            idem_key=self.idem_key,
+            operation=self.operation,
+            request_hash=self.request_hash,
+            request_method=self.request_method,
+            request_path=self.request_path,
+            owner_token=self.owner_token,
+            status=Status.PROCESSING,
+        )
 
 
 class Store(ABC):
@@ -59,13 +97,13 @@ class Store(ABC):
 
     @abstractmethod
     def claim(
-        self, candidate: IdempotencyRecord, *, lease: timedelta | None, lock_timeout: float
+        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
     ) -> IdempotencyRecord | None:
         """Insert ``candidate``, or read the committed record holding its key, in one statement.
 
-        ``candidate`` is an unsaved ``PROCESSING`` record carrying a fresh
-        ``owner_token``; with ``lease`` the record is inserted with its lease
-        taken (``lease_until`` = database clock + ``lease``). The statement
+        ``candidate`` carries a fresh ``owner_token``; with ``lease`` the
+        record is inserted with its lease taken (``lease_until`` = database
+        clock + ``lease``). The statement
         waits at most ``lock_timeout`` seconds on a concurrent insert of the
         same key, and leaves the connection's own lock wait setting as it found it.
 
@@ -79,7 +117,7 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def insert_or_lock(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
+    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
 
         Runs inside a transaction (``core`` opens it). The unique constraint on

@@ -18,7 +18,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
-from idempotency.stores.base import Contention, Store
+from idempotency.stores.base import Candidate, Contention, Store
 
 # SQLite's answer to a writer that waited out the connection's timeout.
 _SQLITE_BUSY = ("database is locked", "database table is locked")
@@ -26,12 +26,12 @@ _SQLITE_BUSY = ("database is locked", "database table is locked")
 
 class GenericStore(Store):
     def claim(
-        self, candidate: IdempotencyRecord, *, lease: timedelta | None, lock_timeout: float
+        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
     ) -> IdempotencyRecord | None:
         return None
 
-    def insert_or_lock(self, candidate: IdempotencyRecord) -> IdempotencyRecord | None:
-        self.records().bulk_create([candidate], ignore_conflicts=True)
+    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
+        self.records().bulk_create([candidate.instance()], ignore_conflicts=True)
         return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
 
     def lock(self, pk: int) -> IdempotencyRecord:
