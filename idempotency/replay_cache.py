@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.cache import caches
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheBackendError
@@ -37,8 +37,23 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import REPLAYABLE, IdempotencyRecord
 
 if TYPE_CHECKING:
-    from idempotency.core import Operation
     from idempotency.outcomes import Outcome
+
+
+class Operation(Protocol):
+    """What the cache needs of ``core.Operation`` (this module sits below core)."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def request_hash(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def database(self) -> str: ...
+
 
 logger = logging.getLogger("idempotency")
 
