@@ -377,7 +377,9 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
     window = retention_for(operation.name, outcome.status)
     if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
         raise LeaseLost()
-    replay_cache.remember_outcome(operation, attempt.record.pk, outcome, window)
+    replay_cache.remember_outcome(
+        operation, attempt.record.pk, outcome, window, values["resource_id"]
+    )
     signals.record_completed.send(
         IdempotencyRecord,
         record=attempt.record,

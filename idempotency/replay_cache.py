@@ -97,7 +97,11 @@ def remember(operation: Operation, record: IdempotencyRecord) -> None:
 
 
 def remember_outcome(
-    operation: Operation, record_id: int, outcome: Outcome, window: timedelta | None
+    operation: Operation,
+    record_id: int,
+    outcome: Outcome,
+    window: timedelta | None,
+    resource_id: str,
 ) -> None:
     """Cache the outcome an attempt just recorded, once its transaction commits."""
     if outcome.status not in REPLAYABLE or _cache() is None:
@@ -113,7 +117,7 @@ def remember_outcome(
         response_status=response.status if response else None,
         response_headers=[list(pair) for pair in response.headers] if response else [],
         response_body=response.body if response else None,
-        resource_id=outcome.resource_id,
+        resource_id=resource_id,
     )
     seconds = None if window is None else window.total_seconds()
     entry = _entry(record)

@@ -78,6 +78,9 @@ def test_a_replay_is_answered_from_the_cache_without_touching_the_record(user, c
     assert again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
     assert record_queries(queries) == []
+    record = IdempotencyRecord.objects.get()
+    entry = cached_entry(cache, record)
+    assert (entry["pk"], entry["resource_id"]) == (record.pk, record.resource_id)
 
 
 def test_a_replay_from_the_cache_is_signalled_like_any_replay(user):
