@@ -222,7 +222,7 @@ def _answers(entry: object, operation: Operation) -> bool:
 
 
 def _record(entry: dict[str, Any], database: str) -> IdempotencyRecord:
-    record = IdempotencyRecord(**entry)
-    record._state.adding = False
-    record._state.db = database
-    return record
+    """The record as the ORM loads one (bound to ``database``), from the entry's fields."""
+    fields = IdempotencyRecord(**entry)
+    names = [field.attname for field in IdempotencyRecord._meta.concrete_fields]
+    return IdempotencyRecord.from_db(database, names, [getattr(fields, name) for name in names])
