@@ -29,7 +29,7 @@ INSERT INTO idempotency_idempotencyrecord (
     attempts, recovery_attempts, version, created_at, updated_at, completed_at, expires_at
 )
 SELECT
-    'user:' || (g %% 1000) || ':bench.bulk', md5(%(tag)s || g), 'bench.bulk', md5(g::text),
+    __SCOPE__, md5(%(tag)s || g), 'bench.bulk', __HASH__,
     'POST', '/api/orders/', 'SUCCEEDED', md5('owner' || g), NULL, 201,
     '[["Content-Type", "application/json"]]'::jsonb,
     convert_to('{"id": ' || g || ', "url": "http://127.0.0.1/api/orders/' || g
@@ -86,8 +86,16 @@ def execute(sql: str, params: Any = None) -> int:
         return int(cursor.rowcount)
 
 
-def fill(rows: int, expires: str, tag: str) -> None:
-    execute(_FILL.replace("__EXPIRES__", expires), {"rows": rows, "tag": tag})
+BULK_SCOPE = "'user:' || (g %% 1000) || ':bench.bulk'"
+BULK_HASH = "md5(g::text)"
+
+
+def fill(
+    rows: int, expires: str, tag: str, scope: str = BULK_SCOPE, request_hash: str = BULK_HASH
+) -> None:
+    """``rows`` finished records, keys ``md5(tag || g)``; scope and hash are SQL over ``g``."""
+    sql = _FILL.replace("__EXPIRES__", expires).replace("__SCOPE__", scope)
+    execute(sql.replace("__HASH__", request_hash), {"rows": rows, "tag": tag})
     execute(f"ANALYZE {TABLE}")
 
 

@@ -8,7 +8,7 @@ import random
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from benchmarks.loadgen import Call, Reply, Sample, burst, drive
 from benchmarks.server import PASSWORD, USER, Database
@@ -21,6 +21,7 @@ class Variant:
     path: str
     keyed: bool = True
     prepared: bool = False  # served by the server whose connections prepare statements
+    cached: bool = False  # served by the server with this app's replay cache on
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,12 @@ class Servers:
 
     default: Target
     prepared: Target
+    cached: Target | None = None  # Django's default connections, REPLAY_CACHE in Redis
 
     def of(self, variant: Variant) -> Target:
+        if variant.cached:
+            assert self.cached is not None
+            return self.cached
         return self.prepared if variant.prepared else self.default
 
 
@@ -52,6 +57,7 @@ LEASE_SLOW_WAITING = Variant(
 PREPARED = " (prepared statements)"
 PLAIN_PREPARED = Variant(PLAIN.name + PREPARED, PLAIN.path, keyed=False, prepared=True)
 OURS_PREPARED = Variant(OURS.name + PREPARED, OURS.path, prepared=True)
+OURS_CACHED = Variant(OURS.name + " (replay cache)", OURS.path, cached=True)
 ALTERNATIVES = {
     "drf-idempotencykey": Variant("drf-idempotencykey", "/bench/orders/drf-idempotencykey/"),
     "drf-idempotency": Variant("drf-idempotency", "/bench/orders/drf-idempotency/"),
@@ -121,14 +127,11 @@ def replays(
     server, so that replays and creates are compared under the same connections.
     """
     fresh = [
-        Variant(f"{variant.name}, fresh keys", variant.path, prepared=variant.prepared)
+        replace(variant, name=f"{variant.name}, fresh keys")
         for variant in variants
         if variant.path == OURS.path
     ]
-    replayed = [
-        Variant(f"{variant.name}, replays", variant.path, prepared=variant.prepared)
-        for variant in variants
-    ]
+    replayed = [replace(variant, name=f"{variant.name}, replays") for variant in variants]
     sources = dict(zip([v.name for v in replayed], variants, strict=True))
     samples: dict[str, list[Sample]] = defaultdict(list)
     rng = random.Random(6)

@@ -54,10 +54,7 @@ class Cost:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    database = Database.from_url(
-        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        args.database,
-    )
+    database = Database.named(args.database)
     database.recreate()
     try:
         costs = _measure(database, args.rounds, args.requests)

@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 TIMEOUT = 30.0
@@ -159,4 +159,58 @@ def burst(host: str, port: int, calls: Sequence[Call]) -> list[Reply | None]:
         thread.join(TIMEOUT * 2)
     for client in clients:
         client.close()
+    return replies
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One reply of a paced load: when it was sent (``time.monotonic``), how long it took."""
+
+    sent: float
+    seconds: float
+    status: int  # 0 for a connection error or a timeout
+    replayed: bool = False
+
+
+def paced(
+    host: str,
+    port: int,
+    make_call: Callable[[], Call],
+    connections: int,
+    rate: float,
+    stop: threading.Event,
+) -> list[Timed]:
+    """Send ``rate`` requests per second over ``connections`` until ``stop`` is set.
+
+    A steady, bounded load: each connection sends on its own schedule and never
+    catches up in a burst when a reply was late, so the server sees the same
+    offered load whatever runs beside it, and a slow reply shows as latency.
+    """
+    replies: list[Timed] = []
+    lock = threading.Lock()
+    interval = connections / rate
+
+    def worker(index: int) -> None:
+        client = Client(host, port)
+        next_at = time.monotonic() + index * interval / connections
+        while not stop.is_set():
+            pause = next_at - time.monotonic()
+            if pause > 0 and stop.wait(pause):
+                break
+            sent = time.monotonic()
+            try:
+                reply = client.send(make_call())
+                timed = Timed(sent, reply.seconds, reply.status, reply.replayed)
+            except (OSError, http.client.HTTPException):
+                timed = Timed(sent, time.monotonic() - sent, 0)
+            with lock:
+                replies.append(timed)
+            next_at = max(next_at + interval, time.monotonic())
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return replies

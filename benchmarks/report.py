@@ -19,6 +19,7 @@ from benchmarks.floor import (
 from benchmarks.http_scenarios import (
     LEASE_SLOW_WAITING,
     OURS,
+    OURS_CACHED,
     OURS_PREPARED,
     PLAIN,
     PLAIN_ATOMIC,
@@ -28,6 +29,21 @@ from benchmarks.http_scenarios import (
 )
 from benchmarks.loadgen import Sample
 from benchmarks.stats import Summary, percentile, summarize
+
+CACHED = OURS_CACHED.name.removeprefix(OURS.name)
+
+
+class RoundRatio(float):
+    """The median of per-round ratios, remembering the lowest and the highest round."""
+
+    low = math.nan
+    high = math.nan
+
+    @classmethod
+    def of(cls, pairs: Sequence[float]) -> RoundRatio:
+        ratio = cls(statistics.median(pairs))
+        ratio.low, ratio.high = min(pairs), max(pairs)
+        return ratio
 
 
 @dataclass(frozen=True)
@@ -123,6 +139,20 @@ def _ratios(results: Results) -> list[Ratio]:
             _paired(replays, f"{OURS_PREPARED.name}, replays", f"{OURS_PREPARED.name}, fresh keys"),
             ">= 2",
         ),
+        Ratio(
+            f"replays / fresh creates, throughput{CACHED}",
+            _paired(replays, f"{OURS_CACHED.name}, replays", f"{OURS_CACHED.name}, fresh keys"),
+            ">= 2",
+        ),
+        Ratio(
+            f"first requests, throughput: idempotency{CACHED} / unprotected",
+            _paired(first, OURS_CACHED.name, PLAIN.name),
+            ">= 0.9",
+        ),
+        Ratio(
+            f"first requests, throughput: idempotency{CACHED} / without it",
+            _paired(first, OURS_CACHED.name, ours),
+        ),
     ]
     ratios += _floor_ratios(results.floor)
     ratios += _hot_ratios(results.hot, results.alternatives)
@@ -142,6 +172,13 @@ def _ratios(results: Results) -> list[Ratio]:
                 "> 1",
             )
         )
+        ratios.append(
+            Ratio(
+                f"replays, throughput: idempotency{CACHED} / {alternative}",
+                _paired(replays, f"{OURS_CACHED.name}, replays", f"{alternative}, replays"),
+                "> 1",
+            )
+        )
     return [ratio for ratio in ratios if not math.isnan(ratio.value)]
 
 
@@ -157,7 +194,7 @@ def _paired(samples: dict[str, list[Sample]], a: str, b: str) -> float:
         for one, other in zip(samples.get(a, []), samples.get(b, []), strict=False)
         if other.throughput
     ]
-    return statistics.median(pairs) if pairs else math.nan
+    return RoundRatio.of(pairs) if pairs else math.nan
 
 
 def _purge_ratios(purge: PurgeResult | None) -> list[Ratio]:
@@ -254,12 +291,20 @@ def _hot_ratios(hot: dict[str, HotKey], alternatives: Sequence[str]) -> list[Rat
 
 
 def _ratio_table(ratios: Sequence[Ratio]) -> str:
-    rows = ["| comparison | ratio | target | |", "|---|---:|---|---|"]
+    rows = ["| comparison | ratio | rounds | target | |", "|---|---:|---|---|---|"]
     rows += [
-        f"| {ratio.name} | {ratio.value:.2f} | {ratio.target or '-'} | {ratio.verdict} |"
+        f"| {ratio.name} | {ratio.value:.2f} | {_spread(ratio.value)} | {ratio.target or '-'} "
+        f"| {ratio.verdict} |"
         for ratio in ratios
     ]
     return "\n".join(rows)
+
+
+def _spread(value: float) -> str:
+    """The range of the per-round ratios behind a median; "-" where there are no rounds."""
+    if not isinstance(value, RoundRatio):
+        return "-"
+    return f"{value.low:.2f} to {value.high:.2f}"
 
 
 def _http_table(summaries: dict[str, Summary]) -> str:

@@ -20,6 +20,8 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,6 +38,7 @@ from benchmarks.http_scenarios import (  # noqa: E402
     LEASE_SLOW,
     LEASE_SLOW_WAITING,
     OURS,
+    OURS_CACHED,
     OURS_PREPARED,
     PLAIN,
     PLAIN_ATOMIC,
@@ -92,10 +95,7 @@ QUICK = replace(
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     plan = _plan(args)
-    database = Database.from_url(
-        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        args.database,
-    )
+    database = Database.named(args.database)
     alternatives = None if args.no_alternatives else ensure_installed()
     database.recreate()
     try:
@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         env = environment(database, alternatives, run_id=uuid.uuid4().hex[:12])
         prepare(env)
+        if not _redis_answers():
+            results.unsupported.append(
+                "The replay cache was left out: it is measured in Redis (BENCH_REDIS_URL) "
+                "and none answered."
+            )
         _http(results, plan, database, env, args.output.parent / "gunicorn.log")
         _bulk(results, plan, database, alternatives)
     finally:
@@ -127,12 +132,18 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
     log.parent.mkdir(parents=True, exist_ok=True)
     alternatives = [ALTERNATIVES[name] for name in results.alternatives]
     prepared = {**env, "BENCH_PREPARED": "1"}
+    cached = [OURS_CACHED] if _redis_answers() else []
     with (
         gunicorn(env, plan.workers, plan.threads, log) as port,
         gunicorn(prepared, plan.workers, plan.threads, log) as prepared_port,
+        _cached_server(env, plan, log, bool(cached)) as cached_port,
     ):
-        servers = Servers(Target("127.0.0.1", port), Target("127.0.0.1", prepared_port))
-        variants = [PLAIN, PLAIN_ATOMIC, OURS, PLAIN_PREPARED, OURS_PREPARED, LEASE]
+        servers = Servers(
+            Target("127.0.0.1", port),
+            Target("127.0.0.1", prepared_port),
+            Target("127.0.0.1", cached_port) if cached_port else None,
+        )
+        variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, PLAIN_PREPARED, OURS_PREPARED, LEASE]
         variants += alternatives
         _step("warming up")
         http_scenarios.warm_up(servers, variants, plan.concurrency)
@@ -143,7 +154,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         _step("replays")
         results.replays = http_scenarios.replays(
             servers,
-            [OURS, OURS_PREPARED, *alternatives],
+            [OURS, *cached, OURS_PREPARED, *alternatives],
             keys,
             plan.rounds,
             plan.requests,
@@ -157,6 +168,18 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
             plan.hot_trials,
             plan.hot_size,
         )
+
+
+@contextmanager
+def _cached_server(
+    env: dict[str, str], plan: Plan, log: Path, wanted: bool
+) -> Iterator[int | None]:
+    """The third server: Django's default connections, this app's replay cache in Redis."""
+    if not wanted:
+        yield None
+        return
+    with gunicorn({**env, "BENCH_REPLAY_CACHE": "1"}, plan.workers, plan.threads, log) as port:
+        yield port
 
 
 def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path | None) -> None:
@@ -214,9 +237,10 @@ def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str
         f"{platform.python_version()}, Django {django.get_version()}, "
         f"gunicorn {gunicorn_package.__version__}.",
         f"Server: gunicorn, {plan.workers} gthread workers x {plan.threads} threads, "
-        "persistent database connections, DEBUG off; served twice, as Django connects "
-        "by default and with prepared statements (server_side_binding, "
-        "prepare_threshold 5), for the variants marked so.",
+        "persistent database connections, DEBUG off; served three times, as Django "
+        "connects by default, with prepared statements (server_side_binding, "
+        "prepare_threshold 5), and as by default with REPLAY_CACHE in Redis, for the "
+        "variants marked so.",
         f"Client: this process, {plan.concurrency} keep-alive connections, "
         f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
         + (

@@ -42,6 +42,12 @@ class Database:
             name=name,
         )
 
+    @classmethod
+    def named(cls, name: str) -> Database:
+        """The database ``name`` on the server of ``BENCH_DATABASE_URL``."""
+        server = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+        return cls.from_url(server, name)
+
     @property
     def url(self) -> str:
         password = f":{self.password}" if self.password else ""

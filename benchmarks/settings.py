@@ -57,18 +57,28 @@ ALTERNATIVES = {
 INSTALLED = [name for name in ALTERNATIVES if find_spec(name) is not None]
 INSTALLED_APPS = [*INSTALLED_APPS, *(app for name in INSTALLED for app in ALTERNATIVES[name])]
 
+REDIS_URL = env.str("BENCH_REDIS_URL", default="redis://127.0.0.1:6379/13")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+if env.bool("BENCH_REPLAY_CACHE", default=False):
+    # The run's third server: this app's replay cache on, in Redis (Django's own
+    # backend). drf-idempotency would refuse this IDEMPOTENCY dict, so its twin
+    # is never requested from this server.
+    CACHES["replays"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "replays-" + env.str("BENCH_RUN_ID", default="bench"),
+    }
+    IDEMPOTENCY = {"REPLAY_CACHE": "replays"}
+
 if "idempotency_key" in INSTALLED:
     # django-idempotency-key's docs for several processes: responses in a shared
     # cache, and a Redis lock around the lookup; the opt-in middleware variant.
     MIDDLEWARE = [*MIDDLEWARE, "idempotency_key.middleware.ExemptIdempotencyKeyMiddleware"]
-    REDIS_URL = env.str("BENCH_REDIS_URL", default="redis://127.0.0.1:6379/13")
-    CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "idempotency": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": env.str("BENCH_RUN_ID", default="bench"),
-        },
+    CACHES["idempotency"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.str("BENCH_RUN_ID", default="bench"),
     }
     IDEMPOTENCY_KEY = {
         "CONFLICT_STATUS_CODE": None,  # replay with the original status, like the others

@@ -33,6 +33,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from idempotency import replay_cache
 from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import SKIPPED, resolve_record
@@ -246,6 +247,15 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         if obj is not None and obj.status in UNDELETABLE:
             return False
         return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: IdempotencyRecord) -> None:
+        super().delete_model(request, obj)
+        replay_cache.forget_records([obj])  # a deleted record is never replayed from the cache
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        records = list(queryset.only("scope", "idem_key"))
+        super().delete_queryset(request, queryset)
+        replay_cache.forget_records(records)
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         opts = self.opts

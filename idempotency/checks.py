@@ -228,7 +228,7 @@ def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
             "IDEMPOTENCY['ERROR_FORMAT'] = 'drf' needs Django REST framework, which is not "
             "installed.",
             hint="pip install 'django-idempotency[drf]', or use the default 'problem' format.",
-            id="idempotency.E030",
+            id="idempotency.E028",
         )
     ]
 
@@ -251,6 +251,41 @@ def _lease_mode_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessage
             id="idempotency.W001",
         )
     ]
+
+
+# Caches whose entries live in one process: an operator's change, made in
+# another process, could not reach them.
+_PROCESS_LOCAL_CACHES = (
+    "django.core.cache.backends.locmem.LocMemCache",
+    "django.core.cache.backends.dummy.DummyCache",
+)
+
+
+def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
+    alias = user.get("REPLAY_CACHE")
+    if alias is None:
+        return []
+    if not isinstance(alias, str) or alias not in settings.CACHES:
+        return [
+            Error(
+                f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, "
+                f"not {alias!r}.",
+                hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
+                id="idempotency.E029",
+            )
+        ]
+    backend = settings.CACHES[alias].get("BACKEND", "")
+    if backend in _PROCESS_LOCAL_CACHES:
+        return [
+            Warning(
+                f"IDEMPOTENCY['REPLAY_CACHE'] should name a cache shared by every process, "
+                f"not {backend}.",
+                hint="An operator's change in one process could not reach the others' "
+                "entries: use Redis, Memcached or the database cache.",
+                id="idempotency.W002",
+            )
+        ]
+    return []
 
 
 CHECKS: list[Check] = [
@@ -280,4 +315,5 @@ CHECKS: list[Check] = [
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
     _drf_error_format,
     _lease_mode_under_atomic_requests,
+    _replay_cache,
 ]

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
         "FAILED_RETRYABLE": 24 * 3600,
     },
     "OPERATION_RETENTION": {},
+    "REPLAY_CACHE": None,
 }
 
 # Headers that carry a session or a credential: never stored, never replayed,
@@ -172,6 +173,11 @@ class Settings:
     @property
     def OPERATION_RETENTION(self) -> dict[str, dict[str, float]]:
         return dict(self._get("OPERATION_RETENTION"))
+
+    @property
+    def REPLAY_CACHE(self) -> str | None:
+        value = self._get("REPLAY_CACHE")
+        return None if value is None else str(value)
 
 
 def load_callable(value: Any, setting: str) -> Callable[..., Any]:

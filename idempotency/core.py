@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from idempotency import signals, waiting
+from idempotency import replay_cache, signals, waiting
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -141,6 +141,9 @@ def execute(
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
     """
+    cached = replay_cache.lookup(operation)  # None unless REPLAY_CACHE is set and holds it
+    if cached is not None:
+        return _replay(operation, cached, replay, from_cache=True)
     if operation.mode == "lease":
         return _execute_leased(operation, work, decide=decide, replay=replay)
     return _execute_atomic(operation, work, decide=decide, replay=replay)
@@ -251,10 +254,14 @@ def _replay(
     operation: Operation,
     record: IdempotencyRecord | None,
     replay: Callable[[IdempotencyRecord], T],
+    *,
+    from_cache: bool = False,
 ) -> T:
     assert record is not None
     if record.status not in REPLAYABLE:
         raise _in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+    if not from_cache:
+        replay_cache.remember(operation, record)
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
@@ -431,6 +438,9 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
     window = retention_for(operation.name, outcome.status)
     if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
         raise LeaseLost()
+    replay_cache.remember_outcome(
+        operation, attempt.record.pk, outcome, window, values["resource_id"]
+    )
     if operation.mode == "lease":
         waiting.durations.add(operation.name, time.monotonic() - attempt.started)
         _announce(operation)

@@ -391,7 +391,7 @@ def error_response(request: AnyRequest, error: IdempotencyError) -> HttpResponse
     for adapter in adapters():
         if adapter.error_format == name:
             return adapter.error_response(request, error)
-    return problem_response(error)  # "problem", or a format whose adapter is missing (E030)
+    return problem_response(error)  # "problem", or a format whose adapter is missing (E028)
 
 
 def error_status(error: IdempotencyError) -> int:

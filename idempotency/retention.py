@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
 
-from idempotency import signals
+from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.stores import records_database, store_for
@@ -110,13 +111,26 @@ def _delete_in_batches(
         # slower than the one before until vacuum). Rows skipped as locked wait for the next pass.
         chosen = candidates if floor is None else candidates.filter(**{f"{ordering}__gte": floor})
         with transaction.atomic(using=database):
-            # One statement where the store can: no list of ids goes back and forth.
-            count, floor = store_for(database).delete_batch(batch(chosen, size), ordering)
+            if idempotency_settings.REPLAY_CACHE is None:
+                # One statement where the store can: no list of ids goes back and forth.
+                count, floor = store_for(database).delete_batch(batch(chosen, size), ordering)
+            else:
+                count, floor = _delete_and_forget(database, batch(chosen, size), ordering)
         deleted += count
         if progress is not None and count:
             progress(deleted, max(total, deleted))
         if count < size:
             return deleted
+
+
+def _delete_and_forget(
+    database: str, picked: IdempotencyRecordQuerySet, ordering: str
+) -> tuple[int, Any]:
+    """With a replay cache: lock the batch reading its keys, delete it, forget the keys."""
+    rows = list(picked.values_list("pk", "scope", "idem_key", ordering))
+    IdempotencyRecord.objects.using(database).filter(pk__in=[row[0] for row in rows]).delete()
+    replay_cache.forget([(row[1], row[2]) for row in rows], database, tombstone=False)
+    return len(rows), max((row[3] for row in rows), default=None)
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:

@@ -13,6 +13,7 @@ from datetime import timedelta
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from idempotency import replay_cache
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import StoredResponse
@@ -81,7 +82,10 @@ def transition(
         raise TransitionNotAllowed(
             "The record changed meanwhile (or its lease is still live); reload it and retry."
         )
-    return records.get(pk=record.pk)
+    moved = records.get(pk=record.pk)
+    # Nothing caches the states a transition leaves; the tombstone keeps it so.
+    replay_cache.forget_records([moved])
+    return moved
 
 
 def postpone(

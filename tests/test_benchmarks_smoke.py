@@ -34,7 +34,7 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
         "## Query plans",
     ]:
         assert heading in result.stdout
-    assert "| comparison | ratio | target | |" in result.stdout
+    assert "| comparison | ratio | rounds | target | |" in result.stdout
     assert "| unprotected |" in result.stdout
     assert "| idempotency (atomic) |" in result.stdout
     # the second server, whose connections prepare statements
@@ -42,6 +42,33 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     assert "| idempotency (atomic) (prepared statements) |" in result.stdout
     # the hot key of a 2 s lease-mode job whose duplicates wait for its outcome
     assert "| idempotency (lease, 2 s job, duplicates wait) |" in result.stdout
+    # the third server, with the replay cache in Redis
+    assert "| idempotency (atomic) (replay cache), replays |" in result.stdout
+    assert "| replays / fresh creates, throughput (replay cache) |" in result.stdout
+    assert output.read_text() == result.stdout.rstrip("\n") + "\n"
+
+
+def test_purge_at_scale_runs_and_prints_its_tables(tmp_path):
+    output = tmp_path / "purge.md"
+    result = _run(
+        "benchmarks/purge_scale.py",
+        *("--records", "3000", "--retry-every", "10", "--baseline-seconds", "1"),
+        *("--database", _database("purge"), "--output", str(output)),
+    )
+    for heading in [
+        "## Creates while purging",
+        "## Late retries while purging",
+        "## Table size (with its indexes) and VACUUM",
+        "## Side by side",
+    ]:
+        assert heading in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    purged = [row for row in rows if "| 3,000 |" in row]  # every way deleted every record
+    assert [row.split(" | ")[0] for row in purged] == [
+        "| idempotency.retention.purge(), batches of 1,000",
+        "| idempotency.retention.purge(), batches of 10,000",
+        "| one unbatched DELETE (as drf-idempotency, drf-idempotencykey)",
+    ]
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 

@@ -57,6 +57,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E026", {"WAIT_SECONDS": "5"}),
     ("idempotency.E027", {"MAX_WAITERS": 0}),
     ("idempotency.E027", {"MAX_WAITERS": 2.5}),
+    ("idempotency.E029", {"REPLAY_CACHE": "no-such-cache"}),
+    ("idempotency.E029", {"REPLAY_CACHE": 1}),
 ]
 
 
@@ -76,15 +78,15 @@ def test_bad_setting_is_reported_by_id(error_id, setting):
 
 
 def test_every_check_id_is_tested():
-    # E030 needs DRF missing: below, and for real in tests/test_without_drf.py.
-    tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E030"}
+    # E028 needs DRF missing: below, and for real in tests/test_without_drf.py.
+    tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E028"}
     assert ids_in_checks_module() == tested
 
 
 def test_drf_error_format_needs_drf(monkeypatch):
     monkeypatch.setattr(idempotency.checks, "drf_installed", lambda: False)
     with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"}):
-        (message,) = [m for m in run_checks() if m.id == "idempotency.E030"]
+        (message,) = [m for m in run_checks() if m.id == "idempotency.E028"]
     assert "django-idempotency[drf]" in message.hint
 
 
@@ -102,6 +104,31 @@ def test_lease_mode_under_atomic_requests_is_warned_with_the_fix(monkeypatch):
 
 
 def test_defaults_pass():
+    assert our_errors() == []
+
+
+@override_settings(
+    IDEMPOTENCY={"REPLAY_CACHE": "replays"},
+    CACHES={
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replays": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    },
+)
+def test_a_replay_cache_in_one_process_is_warned_about():
+    assert our_errors() == ["idempotency.W002"]
+
+
+@override_settings(
+    IDEMPOTENCY={"REPLAY_CACHE": "replays"},
+    CACHES={
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replays": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/14",
+        },
+    },
+)
+def test_a_shared_replay_cache_passes():
     assert our_errors() == []
 
 
