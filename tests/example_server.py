@@ -76,6 +76,14 @@ class Server:
             headers["X-Signature"] = signature
         return self.request("POST", "/api/payments/callback/", raw, user=None, headers=headers)
 
+    def orders_with_sku(self, sku: str) -> int:
+        return self.count("SELECT count(*) FROM shop_order WHERE sku = %s", sku)
+
+    def records_with(self, column: str, value: str) -> int:
+        """Records whose ``column`` (``idem_key``, ``operation``, ...) is ``value``."""
+        table = "idempotency_idempotencyrecord"
+        return self.count(f"SELECT count(*) FROM {table} WHERE {column} = %s", value)
+
     def count(self, sql: str, *params: Any) -> int:
         with server_connection(self.database) as db, db.cursor() as cursor:
             cursor.execute(sql, params)

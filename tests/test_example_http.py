@@ -25,16 +25,6 @@ def server(django_db_blocker: Any) -> Iterator[Server]:
         yield Server(url=url, database=database)
 
 
-def _orders_with_sku(server: Server, sku: str) -> int:
-    return server.count("SELECT count(*) FROM shop_order WHERE sku = %s", sku)
-
-
-def _records_with_key(server: Server, key: str) -> int:
-    return server.count(
-        "SELECT count(*) FROM idempotency_idempotencyrecord WHERE idem_key = %s", key
-    )
-
-
 # --- orders -------------------------------------------------------------------------------
 
 
@@ -58,7 +48,7 @@ def test_first_request_then_replay_then_reuse_with_another_body(server):
     assert reused.status == 422
     assert reused.headers["content-type"] == "application/problem+json"
     assert reused.json()["code"] == "idempotency_key_reused"
-    assert _orders_with_sku(server, "http-1") == 1
+    assert server.orders_with_sku("http-1") == 1
 
 
 def test_the_browsable_api_creates_once_per_page_and_stores_json(server):
@@ -78,7 +68,7 @@ def test_the_browsable_api_creates_once_per_page_and_stores_json(server):
         assert replay.headers["content-type"] == "application/json"
         assert b"csrfmiddlewaretoken" not in replay.body
     assert as_json.json()["sku"] == "http-form"
-    assert _orders_with_sku(server, "http-form") == 1
+    assert server.orders_with_sku("http-form") == 1
 
 
 @pytest.mark.parametrize(
@@ -94,7 +84,7 @@ def test_missing_or_malformed_key_is_400(server, key, code):
 
     assert reply.status == 400
     assert reply.json()["code"] == code
-    assert _orders_with_sku(server, "http-no-key") == 0
+    assert server.orders_with_sku("http-no-key") == 0
 
 
 def test_anonymous_callers_are_refused_and_leave_no_record(server):
@@ -109,7 +99,7 @@ def test_anonymous_callers_are_refused_and_leave_no_record(server):
 
     assert create.status in (401, 403)
     assert listing.status in (401, 403)
-    assert _records_with_key(server, "http-anon") == 0
+    assert server.records_with("idem_key", "http-anon") == 0
 
 
 def test_validation_error_then_corrected_retry_with_the_same_key(server):
@@ -119,7 +109,7 @@ def test_validation_error_then_corrected_retry_with_the_same_key(server):
     assert rejected.status == 400
     assert corrected.status == 201
     assert not corrected.replayed
-    assert _orders_with_sku(server, "http-fix") == 1
+    assert server.orders_with_sku("http-fix") == 1
 
 
 def test_two_users_with_the_same_key_get_their_own_orders(server):
@@ -148,7 +138,7 @@ def test_concurrent_duplicates_create_exactly_one_order(server):
         else:
             assert reply.headers["retry-after"].isdigit()
             assert reply.json()["code"] == "idempotency_key_in_use"
-    assert _orders_with_sku(server, "http-race") == 1
+    assert server.orders_with_sku("http-race") == 1
 
 
 def test_duplicates_of_a_long_report_wait_for_its_outcome_in_every_worker(server):
@@ -194,7 +184,7 @@ def test_callback_repeated_changed_and_badly_signed(server, order_id):
     unsigned = server.callback(_trade(order_id), signature=None)
     forged = server.callback(_trade(order_id), signature="0" * 64)
     assert (unsigned.status, forged.status) == (401, 401)
-    assert _records_with_key(server, "acme:H-1") == 0
+    assert server.records_with("idem_key", "acme:H-1") == 0
 
     first = server.callback(_trade(order_id))
     repeats = in_parallel(8, lambda: server.callback(_trade(order_id)))
@@ -228,5 +218,5 @@ def test_callback_for_an_unknown_order_or_malformed_body(server, order_id):
     assert unknown.status == 404
     assert malformed.status == 400
     assert invalid.status == 400
-    assert _records_with_key(server, "acme:H-404") == 0
-    assert _records_with_key(server, "acme:H-400") == 0
+    assert server.records_with("idem_key", "acme:H-404") == 0
+    assert server.records_with("idem_key", "acme:H-400") == 0

@@ -37,16 +37,6 @@ def asgi(project) -> Iterator[Server]:
         yield Server(url=url, database=database)
 
 
-def orders(server: Server, sku: str) -> int:
-    return server.count("SELECT count(*) FROM shop_order WHERE sku = %s", sku)
-
-
-def records(server: Server, operation: str) -> int:
-    return server.count(
-        "SELECT count(*) FROM idempotency_idempotencyrecord WHERE operation = %s", operation
-    )
-
-
 @pytest.mark.parametrize(
     ("served_by", "path", "operation"),
     [
@@ -79,8 +69,8 @@ def test_first_replay_reuse_and_errors(request, served_by, path, operation):
     assert (missing.status, missing.json()["code"]) == (400, "idempotency_key_missing")
     assert missing.headers["content-type"] == "application/problem+json"
     assert anonymous.status in (401, 403)  # no credentials, or session auth without CSRF
-    assert orders(server, sku) == 1
-    assert records(server, operation) >= 1
+    assert server.orders_with_sku(sku) == 1
+    assert server.records_with("operation", operation) >= 1
 
 
 @pytest.mark.parametrize(
@@ -102,7 +92,7 @@ def test_concurrent_duplicates_create_exactly_one_order(request, served_by, path
         else:
             assert reply.json()["code"] == "idempotency_key_in_use"
             assert reply.headers["retry-after"].isdigit()
-    assert orders(server, sku) == 1
+    assert server.orders_with_sku(sku) == 1
 
 
 def test_two_users_with_one_key_get_their_own_orders(asgi):
