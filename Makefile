@@ -1,10 +1,13 @@
 .PHONY: example test lint
 
-# Run the example project on http://127.0.0.1:8000/ (SQLite unless DATABASE_URL is set).
+# Run the example project (SQLite unless DATABASE_URL is set) on ADDR, default
+# 127.0.0.1:8000: `make example PORT=8080` or `make example ADDR=0.0.0.0:8000`.
 example:
-	bash scripts/example.sh
+	ADDR="$(ADDR)" PORT="$(PORT)" bash scripts/example.sh
 
-# The full suite: ruff, mypy, all tests on SQLite, PostgreSQL and MariaDB.
+# The full suite: ruff, mypy, docs, all tests on SQLite, PostgreSQL and MariaDB on
+# Django 5.2, and on Django 6.1 where a Python 3.12+ is installed; the packages built
+# and their tests run from the sdist.
 test:
 	bash scripts/test.sh
 

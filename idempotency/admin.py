@@ -244,7 +244,10 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.status in UNDELETABLE:
+        # One settled record at a time, from its page: without an object this is the
+        # changelist's bulk delete, which would take PROCESSING rows too (purge is the
+        # bulk tool), so Django leaves that action out.
+        if obj is None or obj.status in UNDELETABLE:
             return False
         return super().has_delete_permission(request, obj)
 
@@ -261,12 +264,6 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         opts = self.opts
         codename = get_permission_codename("resolve", opts)
         return request.user.has_perm(f"{opts.app_label}.{codename}")
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        # Bulk delete would take PROCESSING rows too; purge is the bulk tool.
-        actions.pop("delete_selected", None)
-        return actions
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # Bodies can be large: the detail page loads them on demand.
@@ -333,7 +330,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
             return []
         return [
             (name, str(description))
-            for name, (_function, _name, description) in self.get_actions(request).items()
+            for name, description in self.get_action_choices(request, default_choices=[])
         ]
 
     # -- actions

@@ -14,3 +14,13 @@ class IdempotencyConfig(AppConfig):
         )
 
         logs.connect()
+        _register_framework_adapters()
+
+
+def _register_framework_adapters() -> None:
+    """Each adapter registers itself on import; a framework that is not installed is skipped."""
+    try:
+        import idempotency.drf  # noqa: F401
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] != "rest_framework":
+            raise

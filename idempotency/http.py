@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -462,9 +460,7 @@ def register_adapter(adapter: FrameworkAdapter) -> None:
 
 
 def adapters() -> list[FrameworkAdapter]:
-    # A None entry is a module made unimportable on purpose (a project without DRF).
-    if sys.modules.get("rest_framework") is not None:
-        import_module("idempotency.drf")  # registers its adapter on import
+    # Each adapter registers itself when its module is imported (AppConfig.ready).
     return _ADAPTERS
 
 
@@ -491,10 +487,3 @@ def stored_representation(request: AnyRequest, response: HttpResponseBase) -> Ht
     if callable(render):
         render()
     return response
-
-
-def __getattr__(name: str) -> Any:
-    # Moved to the DRF adapter; still importable from here.
-    if name == "IdempotencyAPIException":
-        return import_module("idempotency.drf").IdempotencyAPIException
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Run the example project: install, migrate, add the demo user, serve on http://127.0.0.1:8000/.
-# SQLite by default; DATABASE_URL=postgres://... or mysql://... for a server (a mysql:// URL
-# first installs the Debian packages mysqlclient builds against, then the `mysql` extra).
+# Run the example project: install what it needs (the package and the "example" dependency
+# group, not the test tool chain), migrate, add the demo user, serve.
+#   ADDR=0.0.0.0:8080 or PORT=8080   where to serve (default 127.0.0.1:8000)
+# SQLite by default; DATABASE_URL=postgres://... or mysql://... for a server (the matching
+# extra is installed; a mysql:// URL first installs the Debian packages mysqlclient needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ADDR=${ADDR:-127.0.0.1:${PORT:-8000}}
 case "${DATABASE_URL:-}" in
   mysql://* | mysql2://* | mysqlgis://*)
     bash scripts/system-deps.sh mysql
-    EXTRAS=dev,mysql bash scripts/bootstrap.sh
+    extras=mysql
     ;;
-  *) bash scripts/bootstrap.sh ;;
+  postgres://* | postgresql://* | pgsql://* | psql://*) extras=postgres ;;
+  *) extras= ;;
 esac
+DEP_GROUPS=example EXTRAS=$extras bash scripts/bootstrap.sh
 .venv/bin/python manage.py migrate --noinput
 # The demo user of the README's curl examples (alice / alice), made once.
 .venv/bin/python manage.py shell -c "
@@ -18,4 +23,4 @@ from django.contrib.auth.models import User
 if not User.objects.filter(username='alice').exists():
     User.objects.create_user('alice', password='alice')
 "
-exec .venv/bin/python manage.py runserver "${@:-127.0.0.1:8000}"
+exec .venv/bin/python manage.py runserver "$ADDR"

@@ -105,11 +105,13 @@ class TestBrowsableApi:
         assert json.loads(response.content)["code"] == "idempotency_key_missing"
 
 
-def test_the_drf_exception_is_still_importable_from_the_http_layer():
-    from idempotency import IdempotencyAPIException
-    from idempotency.http import IdempotencyAPIException as moved
+def test_the_drf_adapter_is_registered_when_the_app_is_ready():
+    # By IdempotencyConfig.ready, not by the HTTP layer importing the DRF adapter.
+    from idempotency import http
+    from idempotency.drf import DRFAdapter
 
-    assert moved is IdempotencyAPIException
+    assert any(isinstance(adapter, DRFAdapter) for adapter in http.adapters())
+    assert not hasattr(http, "IdempotencyAPIException")
 
 
 class TestLeaseModeUnderAtomicRequests:
