@@ -54,7 +54,7 @@ DATABASES = {"default": env.db("DATABASE_URL", default="sqlite://:memory:")}
 if os.environ.get("TEST_DATABASE_NAME"):
     # Lets parallel runs on one server use separate test databases.
     DATABASES["default"]["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
-if os.environ.get("PREPARED_STATEMENTS"):
+if os.environ.get("PREPARED_STATEMENTS") and "postgresql" in DATABASES["default"]["ENGINE"]:
     # The suite's second PostgreSQL run: psycopg 3 binds server-side and prepares
     # every statement at once, Django's and this app's (see docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
