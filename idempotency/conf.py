@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAITERS": 8,
     "LEASE_SECONDS": 60.0,
     "MAX_RESPONSE_BYTES": 256 * 1024,
+    "MAX_BODY_DEPTH": 100,
     "REPLAY_HEADERS": [
         "Content-Type",
         "Content-Language",
@@ -113,6 +114,10 @@ class Settings:
     @property
     def MAX_RESPONSE_BYTES(self) -> int:
         return int(self._get("MAX_RESPONSE_BYTES"))
+
+    @property
+    def MAX_BODY_DEPTH(self) -> int:
+        return int(self._get("MAX_BODY_DEPTH"))
 
     @property
     def REPLAY_HEADERS(self) -> frozenset[str]:
