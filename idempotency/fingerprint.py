@@ -110,7 +110,7 @@ def _dump(value: Any) -> str:
     return json.dumps(str(value))
 
 
-_INT_PLAIN = 10 ** _PLAIN_EXPONENTS.stop
+_INT_PLAIN = 10**_PLAIN_EXPONENTS.stop
 
 
 def _number(value: Decimal) -> str:

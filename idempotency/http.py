@@ -29,15 +29,9 @@ from django.http.response import HttpResponseBase
 
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
 from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
-from idempotency.exceptions import (
-    IdempotencyError,
-    KeyInUse,
-    KeyInvalid,
-    KeyMissing,
-    ScopeUnavailable,
-)
+from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
-from idempotency.keys import parse_key, validate_key
+from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
 
@@ -189,20 +183,6 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if required:
         raise KeyMissing()
     return None
-
-
-def checked_key(key: object, function: Callable[..., Any]) -> str:
-    """``key`` if it is a non-empty string; else ``KeyInvalid`` naming the key function."""
-    if isinstance(key, str) and key:
-        return key
-    name = getattr(function, "__qualname__", None) or repr(function)
-    module = getattr(function, "__module__", None)
-    where = f"{module}.{name}" if module else name
-    found = "an empty string" if key == "" else f"{key!r} ({type(key).__name__})"
-    raise KeyInvalid(
-        f"The key function {where} returned {found}: it should return the key as a "
-        "non-empty string, never a value that many calls could share."
-    )
 
 
 def _form_key(request: AnyRequest) -> str | None:
