@@ -6,6 +6,7 @@ works and nothing is read at import time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -68,6 +69,14 @@ FORBIDDEN_REPLAY_HEADERS = frozenset(
         "idempotent-replayed",
     }
 )
+
+
+# RFC 9110 section 5.1: a field name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def is_header_name(value: object) -> bool:
+    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
 
 
 class Settings:

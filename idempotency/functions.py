@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.core import (
     MODES,
@@ -126,6 +127,7 @@ class CallGuard:
 
     def run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         """Run ``work`` (the call of the guarded function with these arguments) at most once."""
+        validate_settings()
         bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
         bound.apply_defaults()
         call_key = checked_key(_call(self.key, bound, args, kwargs), self.key, self.name)

@@ -27,7 +27,13 @@ from django.http import Http404, HttpRequest, HttpResponse, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
-from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
+from idempotency.checks import validate_settings
+from idempotency.conf import (
+    FORBIDDEN_REPLAY_HEADERS,
+    idempotency_settings,
+    is_header_name,
+    load_callable,
+)
 from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
@@ -89,6 +95,11 @@ class IdempotencyOptions:
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
+        if self.header is not None and not is_header_name(self.header):
+            raise ValueError(
+                f"header should be an HTTP header name such as 'Idempotency-Key', not "
+                f"{self.header!r}: a token of letters, digits and !#$%&'*+-.^_`|~ (RFC 9110)."
+            )
         if self.wait_seconds is not None and not self.wait_seconds >= 0:
             raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
 
@@ -106,6 +117,7 @@ def protect(
     """
     if _django_request(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
+    validate_settings()
     try:
         json_body(request)  # too deep to read: refused before any parser or key function
         key = read_key(request, options)
