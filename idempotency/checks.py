@@ -342,11 +342,15 @@ def _lease_handlers(callback: Callable[..., Any]) -> Iterator[str]:
         candidates += [getattr(view_class, action, None) for action in _actions(callback)]
         if getattr(view_class, "idempotency_mode", None) == "lease":
             yield view_class.__qualname__
-    for cell in getattr(callback, "__closure__", None) or ():  # django-ninja's path views
-        with_operations = cell.cell_contents
-        candidates += [
-            getattr(op, "view_func", None) for op in getattr(with_operations, "operations", ())
-        ]
+    for candidate in list(candidates):
+        # What a wrapper closes over: DRF's @api_view handler calls the function given,
+        # a django-ninja path view holds its operations.
+        for cell in getattr(candidate, "__closure__", None) or ():
+            inner = cell.cell_contents
+            candidates.append(inner)
+            candidates += [
+                getattr(op, "view_func", None) for op in getattr(inner, "operations", ())
+            ]
     for handler in candidates:
         options = getattr(handler, "idempotency_options", None)
         if getattr(options, "mode", None) == "lease":
