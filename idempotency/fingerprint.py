@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
@@ -14,9 +14,9 @@ from django.utils.datastructures import MultiValueDict
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import RequestInvalid
 
-# Numbers whose exponent lies in this range keep their plain decimal text ("0.5", "1200");
-# beyond it the text would grow with the exponent ("1e400" is 401 characters), so they
-# are written as digits and exponent ("1e400"). Either way the text is exact.
+# Numbers whose leading digit's exponent lies in this range keep their plain decimal text
+# ("0.5", "1200"); beyond it the text would grow with the exponent (1e400 has 401 digits),
+# so they are written in scientific notation ("1e+400"). Either way the text is exact.
 _PLAIN_EXPONENTS = range(-64, 65)
 
 
@@ -44,23 +44,21 @@ def parse_json(raw: bytes) -> Any:
 
 
 def check_depth(data: Any, limit: int | None = None) -> None:
-    """``RequestInvalid`` if lists and objects in ``data`` nest deeper than ``limit``.
+    """``RequestInvalid`` if the lists and objects of parsed JSON nest deeper than ``limit``.
 
     ``limit`` defaults to ``MAX_BODY_DEPTH``. Iterative: any depth is measured safely.
     """
     limit = idempotency_settings.MAX_BODY_DEPTH if limit is None else limit
-    stack: list[tuple[Any, int]] = [(data, 0)]
+    if not isinstance(data, (dict, list)):
+        return
+    stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, Mapping):
-            children: Iterable[Any] = value.values()
-        elif isinstance(value, (list, tuple)):
-            children = value
-        else:
-            continue
-        if depth >= limit:
+        if depth > limit:
             raise _too_deep(limit)
-        stack.extend((child, depth + 1) for child in children)
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
 
 
 def _too_deep(limit: int | None = None) -> RequestInvalid:
@@ -89,16 +87,21 @@ def canonical(
             for name, value in data.items()
             if (include is None or name in include) and name not in exclude
         }
-    check_depth(data)  # so that the recursion of _dump is bounded
-    return _dump(data)
+    return _dump(data, idempotency_settings.MAX_BODY_DEPTH)
 
 
-def _dump(value: Any) -> str:
+def _dump(value: Any, room: int) -> str:
+    """The canonical text of ``value``, which may nest ``room`` more levels (bounded)."""
     if isinstance(value, Mapping):
+        if not room:
+            raise _too_deep()
         items = sorted((str(key), item) for key, item in value.items())
-        return "{" + ",".join(f"{json.dumps(key)}:{_dump(item)}" for key, item in items) + "}"
+        inner = ",".join(f"{json.dumps(key)}:{_dump(item, room - 1)}" for key, item in items)
+        return "{" + inner + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_dump(item) for item in value) + "]"
+        if not room:
+            raise _too_deep()
+        return "[" + ",".join(_dump(item, room - 1) for item in value) + "]"
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, int) and -_INT_PLAIN < value < _INT_PLAIN:
@@ -111,6 +114,8 @@ def _dump(value: Any) -> str:
 
 
 _INT_PLAIN = 10**_PLAIN_EXPONENTS.stop
+# Enough precision and range for any number a parser gives: normalising rounds nothing.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
 def _number(value: Decimal) -> str:
@@ -125,16 +130,8 @@ def _number(value: Decimal) -> str:
         return "-Infinity" if value.is_signed() else "Infinity"
     if value.is_zero():
         return "0"
-    sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)  # finite
-    significant = len(digits)
-    while digits[significant - 1] == 0:  # trailing zeros belong to the exponent
-        significant -= 1
-    exponent += len(digits) - significant
-    digits = digits[:significant]
-    if exponent in _PLAIN_EXPONENTS:
-        return f"{Decimal((sign, digits, exponent)):f}"
-    return f"{'-' if sign else ''}{''.join(map(str, digits))}e{exponent}"
+    exact = value.normalize(_EXACT)  # trailing zeros into the exponent, never rounded
+    return f"{exact:f}" if exact.adjusted() in _PLAIN_EXPONENTS else f"{exact:e}"
 
 
 def _file_digest(upload: UploadedFile) -> str:
