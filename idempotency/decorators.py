@@ -137,9 +137,15 @@ def refuse_wrong_target(view: Callable[..., Any]) -> None:
     name = getattr(view, "__qualname__", repr(view))
     if hasattr(view, "_ninja_operation"):
         raise ImproperlyConfigured(f"{_NINJA} ({name}).")
-    view_class = getattr(view, "view_class", None)
+    view_class = getattr(view, "view_class", None) or getattr(view, "cls", None)
     if view_class is None:
         return
+    if hasattr(view, "actions"):  # a DRF viewset's as_view({...})
+        raise ImproperlyConfigured(
+            f"@idempotent decorates a function or a method, not {view_class.__qualname__}"
+            ".as_view(): give the viewset IdempotentCreateMixin (it protects create), or "
+            "put @idempotent(...) on the action method."
+        )
     if hasattr(view, "cls"):  # DRF's APIView.as_view(), which @api_view returns
         raise ImproperlyConfigured(
             f"Put @idempotent under @api_view, not above it ({name}): above it, it would run "

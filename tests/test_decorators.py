@@ -56,6 +56,17 @@ def test_above_api_view_names_the_order_to_use():
         idempotent()(create)
 
 
+def test_on_a_viewset_names_the_mixin():
+    from rest_framework import viewsets
+
+    class Orders(viewsets.ViewSet):
+        def create(self, request: Request) -> Response:
+            return Response(status=201)
+
+    with pytest.raises(ImproperlyConfigured, match="IdempotentCreateMixin"):
+        idempotent()(Orders.as_view({"post": "create"}))
+
+
 def test_on_a_class_based_view_names_the_handler_to_decorate():
     class Orders(View):
         def post(self, request: HttpRequest) -> HttpResponse:
