@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
-from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
@@ -36,11 +36,20 @@ def parse_json(raw: bytes) -> Any:
     ``RequestInvalid`` when it is nested deeper than ``MAX_BODY_DEPTH``.
     """
     try:
-        data = json.loads(raw, parse_float=Decimal, parse_int=Decimal)
+        data = json.loads(raw, parse_float=_decimal, parse_int=_decimal)
     except RecursionError:
         raise _too_deep() from None
     check_depth(data)
     return data
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        return Decimal(text)
+    except InvalidOperation:  # an exponent past what any decimal holds (10**18)
+        raise RequestInvalid(
+            f"The request body holds the number {text[:40]}, whose exponent is out of range."
+        ) from None
 
 
 def check_depth(data: Any, limit: int | None = None) -> None:

@@ -170,6 +170,16 @@ def test_number_spellings_that_differ_are_not_replayed_for_each_other(alice, fir
     assert Order.objects.count() == 1
 
 
+@pytest.mark.parametrize("endpoint", ["drf", "ninja", "callback"])
+def test_a_number_out_of_any_range_is_a_400_problem(alice, endpoint):
+    send, valid, effects = ENDPOINTS[endpoint]
+    body = json.dumps(valid())[:-1].encode() + b', "extra": 1e9999999999999999999999}'
+    response = send(body)
+    assert response.status_code == 400
+    _problem(response, "idempotency_request_invalid")
+    assert not IdempotencyRecord.objects.exists()
+
+
 def test_equal_numbers_are_still_one_request(alice):
     send = _post("/api/orders/")
     assert send(b'{"sku": "n", "quantity": 2}').status_code == 201

@@ -239,6 +239,12 @@ def test_json_deeper_than_the_bound_is_refused_at_any_depth():
             parse_json(b"[" * depth + b"]" * depth)
 
 
+@pytest.mark.parametrize("raw", [b"1e9999999999999999999999", b"[-1e-9999999999999999999999]"])
+def test_a_number_no_decimal_can_hold_is_refused(raw):
+    with pytest.raises(RequestInvalid, match="exponent is out of range"):
+        parse_json(raw)
+
+
 def test_data_deeper_than_the_bound_is_refused_not_overflowed():
     data: list = []
     for _ in range(10_000):
