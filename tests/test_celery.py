@@ -235,6 +235,9 @@ def test_retries_stop_at_max_retries(queue, tmp_path):
 def test_the_docs_example_called_with_delay_runs_once(queue, monkeypatch):
     # docs/celery.md: capture_payment.delay("ORD-1", "19.90"), here routed to this worker.
     monkeypatch.setitem(app.conf, "task_routes", {capture_payment.name: {"queue": queue}})
+    # Celery reads its routes once: make it read them again, and forget them afterwards.
+    monkeypatch.setattr(app.amqp, "_rtable", None)
+    monkeypatch.setitem(app.amqp.__dict__, "router", app.amqp.Router())
     first = capture_payment.delay("ORD-1", "19.90")
     assert first.get(timeout=60) == {"payment": Order.objects.get().pk}
     again = capture_payment.delay(order_ref="ORD-1", amount="19.90", sent_at="09:05")
