@@ -176,12 +176,15 @@ async def aprotect(
 
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     max_length = idempotency_settings.MAX_KEY_LENGTH
+    missing = KeyMissing()
     if options.key is not None:
         function = load_callable(options.key, "key")
         key = function(request)
         if key is not None:
             validate_key(checked_key(key, function), max_length=max_length)
             return str(key)
+        name = getattr(function, "__qualname__", repr(function))
+        missing = KeyMissing(f"{missing.detail} The key function {name} found none (None).")
     else:
         header = options.header or idempotency_settings.HEADER
         raw = _django_request(request).headers.get(header)
@@ -193,7 +196,7 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
         options.required if options.required is not None else idempotency_settings.REQUIRE_KEY
     )
     if required:
-        raise KeyMissing()
+        raise missing
     return None
 
 

@@ -164,6 +164,9 @@ def test_a_key_callable_that_returns_no_string_is_refused_naming_it(returned, fo
 
 
 def test_a_key_callable_returning_none_means_the_request_has_no_key():
-    with pytest.raises(KeyMissing):
-        header_key(None, IdempotencyOptions(key=lambda request: None))
+    def charge_id(request: object) -> None:
+        return None
+
+    with pytest.raises(KeyMissing, match="The key function .*charge_id found none"):
+        header_key(None, IdempotencyOptions(key=charge_id))
     assert header_key(None, IdempotencyOptions(key=lambda request: None, required=False)) is None
