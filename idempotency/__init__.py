@@ -12,6 +12,7 @@ from idempotency.exceptions import (
     KeyMissing,
     KeyReused,
     LeaseLost,
+    RequestInvalid,
     ScopeUnavailable,
     TransitionNotAllowed,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "Operation",
     "Outcome",
     "RecoveryReport",
+    "RequestInvalid",
     "Resolution",
     "Resolver",
     "ScopeUnavailable",

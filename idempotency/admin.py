@@ -37,6 +37,7 @@ from idempotency import replay_cache
 from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import SKIPPED, resolve_record
+from idempotency.resolvers import resolver_for
 from idempotency.transitions import can_transition, transition
 
 # Statuses a person must resolve; deleting them would invite a blind re-run.
@@ -404,6 +405,21 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         refused: list[str] = []
         for record in self._bounded(request, queryset):
             before = record.status
+            if resolver_for(record.operation) is None:
+                refused.append(
+                    gettext(
+                        "%(record)s: operation %(operation)s has no resolver. Give its view "
+                        "resolver= (idempotency_resolver on a DRF view) or set "
+                        "IDEMPOTENCY['RESOLVERS'][%(operation_repr)s]; or settle the record "
+                        "with another action."
+                    )
+                    % {
+                        "record": record,
+                        "operation": record.operation,
+                        "operation_repr": repr(record.operation),
+                    }
+                )
+                continue
             try:
                 outcome = resolve_record(record)
             except IdempotencyError as error:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module
 from typing import Any
 
@@ -10,10 +10,13 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, router
+from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, router
+from django.urls import URLPattern, URLResolver, get_resolver
 
-from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, load_callable
+from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, is_header_name, load_callable
 from idempotency.models import PURGEABLE, IdempotencyRecord
+from idempotency.stores import store_for
 
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
 
@@ -29,6 +32,28 @@ def check_settings(
     for check in CHECKS:
         messages.extend(check(user))
     return messages
+
+
+@register(Tags.urls)
+def check_views(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    return _lease_views_under_atomic_requests(user if isinstance(user, dict) else {})
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """Run by ``migrate`` and ``check --database``: these checks ask the database."""
+    user = getattr(settings, "IDEMPOTENCY", {})
+    alias = _records_alias(user if isinstance(user, dict) else {})
+    if alias not in (databases or ()):
+        return []
+    return _session_time_zone(alias)
 
 
 def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
@@ -52,6 +77,20 @@ def _string(name: str, error_id: str) -> Check:
         return [Error(f"IDEMPOTENCY[{name!r}] should be a non-empty string.", id=error_id)]
 
     return check
+
+
+def _header(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("HEADER", DEFAULTS["HEADER"])
+    if is_header_name(value):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['HEADER'] should be an HTTP header name, not {value!r}.",
+            hint="A header name is a token (RFC 9110): letters, digits and !#$%&'*+-.^_`|~, "
+            "no spaces or colons; for example 'Idempotency-Key'.",
+            id="idempotency.E003",
+        )
+    ]
 
 
 def _positive_number(name: str, error_id: str, *, integer: bool = False) -> Check:
@@ -233,12 +272,17 @@ def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+def _records_alias(user: dict[str, Any]) -> str:
+    alias = user.get("DATABASE") or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    return str(alias)
+
+
 def _lease_mode_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessage]:
     # The request's transaction would hold the claim until the response: lease mode
     # would silently become atomic mode, its lease and fencing of no use.
     if user.get("MODE") != "lease":
         return []
-    alias = user.get("DATABASE") or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    alias = _records_alias(user)
     if not settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS"):
         return []
     return [
@@ -249,6 +293,95 @@ def _lease_mode_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessage
             "lease-mode request in a request transaction raises ImproperlyConfigured), "
             "or leave MODE at 'atomic'.",
             id="idempotency.W001",
+        )
+    ]
+
+
+def _lease_views_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessage]:
+    # What W001 says of a global MODE, for each view that sets mode="lease" itself:
+    # its first request would raise ImproperlyConfigured (a 500).
+    alias = _records_alias(user)
+    if not settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS"):
+        return []
+    messages: list[CheckMessage] = []
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that does not import
+    for route, callback in _url_callbacks(patterns, ""):
+        if alias in getattr(callback, "_non_atomic_requests", set()):
+            continue
+        for name in _lease_handlers(callback):
+            messages.append(
+                Error(
+                    f"{name} (URL {route or '/'}) runs in lease mode, but "
+                    f"DATABASES[{alias!r}]['ATOMIC_REQUESTS'] is True: its claim would only "
+                    "commit with the whole request, and each request raises "
+                    "ImproperlyConfigured.",
+                    hint="Decorate the view with @transaction.non_atomic_requests (outermost, "
+                    "above @api_view or on the viewset's as_view()), or use atomic mode.",
+                    id="idempotency.E031",
+                )
+            )
+    return messages
+
+
+def _url_callbacks(
+    patterns: Sequence[URLPattern | URLResolver], prefix: str
+) -> Iterator[tuple[str, Callable[..., Any]]]:
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            yield from _url_callbacks(pattern.url_patterns, route)
+        else:
+            yield route, pattern.callback
+
+
+def _lease_handlers(callback: Callable[..., Any]) -> Iterator[str]:
+    """The names of the lease-mode handlers a URL's view function serves."""
+    candidates: list[Any] = [callback]
+    view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+    if view_class is not None:
+        candidates += [getattr(view_class, method, None) for method in ("post", "put", "patch")]
+        candidates += [getattr(view_class, action, None) for action in _actions(callback)]
+        if getattr(view_class, "idempotency_mode", None) == "lease":
+            yield view_class.__qualname__
+    for candidate in list(candidates):
+        # What a wrapper closes over: DRF's @api_view handler calls the function given,
+        # a django-ninja path view holds its operations.
+        for cell in getattr(candidate, "__closure__", None) or ():
+            inner = cell.cell_contents
+            candidates.append(inner)
+            candidates += [
+                getattr(op, "view_func", None) for op in getattr(inner, "operations", ())
+            ]
+    for handler in candidates:
+        options = getattr(handler, "idempotency_options", None)
+        if getattr(options, "mode", None) == "lease":
+            yield getattr(handler, "__qualname__", repr(handler))
+
+
+def _actions(callback: Callable[..., Any]) -> list[str]:
+    actions = getattr(callback, "actions", None)  # a DRF viewset's {method: action}
+    return [str(action) for action in actions.values()] if isinstance(actions, dict) else []
+
+
+def _session_time_zone(alias: str) -> list[CheckMessage]:
+    try:
+        clock = store_for(alias).clock_offset()
+    except DatabaseError:
+        return []  # Django's own checks report a database that cannot be reached
+    if clock is None or not clock[1]:
+        return []
+    zone, offset = clock
+    return [
+        Warning(
+            f"The session time zone of DATABASES[{alias!r}] is {zone!r}, {offset} seconds off "
+            "UTC: lease ends and the purge's cut-off, computed by the database clock, would be "
+            "off by as much (leases seen as expired, fresh records purged).",
+            hint="Add 'init_command': \"SET time_zone = '+00:00'\" to the alias's OPTIONS "
+            "(docs/databases.md).",
+            id="idempotency.W003",
         )
     ]
 
@@ -290,7 +423,7 @@ def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
 
 CHECKS: list[Check] = [
     _unknown_keys,
-    _string("HEADER", "idempotency.E003"),
+    _header,
     _max_key_length,
     _boolean("REQUIRE_KEY", "idempotency.E005"),
     _choice("MODE", ("atomic", "lease"), "idempotency.E006"),
@@ -316,4 +449,38 @@ CHECKS: list[Check] = [
     _drf_error_format,
     _lease_mode_under_atomic_requests,
     _replay_cache,
+    _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
 ]
+
+
+# The IDEMPOTENCY object last found valid: checked again only when it changes.
+_valid: list[object] = []
+
+
+def validate_settings() -> None:
+    """Raise ``ImproperlyConfigured`` on the first use of an invalid ``IDEMPOTENCY``.
+
+    The system checks say the same at start-up; this catches a deployment that
+    skips them (``--skip-checks``, a bare WSGI server), instead of serving with
+    a setting nobody meant (``MODE: "leased"``).
+    """
+    user = getattr(settings, "IDEMPOTENCY", None)
+    if _valid and _valid[0] is user:
+        return
+    errors = [message for message in check_settings() if message.is_serious()]
+    if errors:
+        raise ImproperlyConfigured(
+            " ".join(
+                f"{error.msg}{f' {error.hint}' if error.hint else ''} ({error.id})"
+                for error in errors
+            )
+        )
+    _valid[:] = [user]
+
+
+def _forget_valid(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("IDEMPOTENCY", "DATABASES", "CACHES"):  # what the checks read
+        _valid.clear()
+
+
+setting_changed.connect(_forget_valid)

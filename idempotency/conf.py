@@ -6,6 +6,7 @@ works and nothing is read at import time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -25,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAITERS": 8,
     "LEASE_SECONDS": 60.0,
     "MAX_RESPONSE_BYTES": 256 * 1024,
+    "MAX_BODY_DEPTH": 100,
     "REPLAY_HEADERS": [
         "Content-Type",
         "Content-Language",
@@ -67,6 +69,14 @@ FORBIDDEN_REPLAY_HEADERS = frozenset(
         "idempotent-replayed",
     }
 )
+
+
+# RFC 9110 section 5.1: a field name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def is_header_name(value: object) -> bool:
+    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
 
 
 class Settings:
@@ -113,6 +123,10 @@ class Settings:
     @property
     def MAX_RESPONSE_BYTES(self) -> int:
         return int(self._get("MAX_RESPONSE_BYTES"))
+
+    @property
+    def MAX_BODY_DEPTH(self) -> int:
+        return int(self._get("MAX_BODY_DEPTH"))
 
     @property
     def REPLAY_HEADERS(self) -> frozenset[str]:

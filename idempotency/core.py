@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 from django.db import DatabaseError, transaction
 
 from idempotency import replay_cache, signals, waiting
+from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -141,6 +142,7 @@ def execute(
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
     """
+    validate_settings()
     cached = replay_cache.lookup(operation)  # None unless REPLAY_CACHE is set and holds it
     if cached is not None:
         return _replay(operation, cached, replay, from_cache=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Collection
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -18,7 +18,35 @@ from idempotency.resolvers import ResolverSpec, register
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@overload
+def idempotent(view: F, /) -> F: ...
+
+
+@overload
 def idempotent(
+    view: None = None,
+    /,
+    *,
+    operation: str | None = None,
+    header: str | None = None,
+    required: bool | None = None,
+    key: Callable[..., str | None] | str | None = None,
+    scope: Callable[..., str] | str | None = None,
+    fingerprint: Callable[..., str | bytes] | str | None = None,
+    fields: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    mode: Mode | None = None,
+    lease_seconds: float | None = None,
+    lock_timeout: float | None = None,
+    outcome_policy: Callable[..., Any] | str | None = None,
+    resolver: ResolverSpec | None = None,
+    wait_seconds: float | None = None,
+) -> Callable[[F], F]: ...
+
+
+def idempotent(
+    view: F | None = None,
+    /,
     *,
     operation: str | None = None,
     header: str | None = None,
@@ -35,8 +63,8 @@ def idempotent(
     outcome_policy: Callable[..., Any] | str | None = None,
     resolver: ResolverSpec | None = None,
     wait_seconds: float | None = None,
-) -> Callable[[F], F]:
-    """Make a view safe to retry.
+) -> F | Callable[[F], F]:
+    """Make a view safe to retry; ``@idempotent`` alone uses the settings.
 
     Put it *under* ``@api_view`` (and on the method of a class-based view or
     viewset action) so that authentication and permissions run first. An
@@ -60,6 +88,7 @@ def idempotent(
     )
 
     def decorator(view: F) -> F:
+        refuse_wrong_target(view)
         default_operation = f"{view.__module__}.{view.__qualname__}"
         if resolver is not None:
             # So that recovery, in a worker that never serves this view, finds it.
@@ -84,9 +113,60 @@ def idempotent(
 
         # Read by the schema extensions (idempotency.contrib.spectacular).
         wrapper.idempotency_options = options  # type: ignore[attr-defined]
+        _refuse_ninja_operation(wrapper)
         return wrapper  # type: ignore[return-value]
 
+    if view is not None:
+        if not callable(view):
+            raise TypeError(
+                f"@idempotent takes its options by keyword, not {view!r}: write "
+                "@idempotent(operation=...) or @idempotent()."
+            )
+        return decorator(view)
     return decorator
+
+
+_NINJA = (
+    "idempotency.idempotent protects Django views; for a django-ninja operation use "
+    "idempotency.ninja.idempotent, under @api.<method>(...)"
+)
+
+
+def refuse_wrong_target(view: Callable[..., Any]) -> None:
+    """Refuse, at import, the decorations that would protect the wrong thing."""
+    name = getattr(view, "__qualname__", repr(view))
+    if hasattr(view, "_ninja_operation"):
+        raise ImproperlyConfigured(f"{_NINJA} ({name}).")
+    view_class = getattr(view, "view_class", None) or getattr(view, "cls", None)
+    if view_class is None:
+        return
+    if hasattr(view, "actions"):  # a DRF viewset's as_view({...})
+        raise ImproperlyConfigured(
+            f"@idempotent decorates a function or a method, not {view_class.__qualname__}"
+            ".as_view(): give the viewset IdempotentCreateMixin (it protects create), or "
+            "put @idempotent(...) on the action method."
+        )
+    if hasattr(view, "cls"):  # DRF's APIView.as_view(), which @api_view returns
+        raise ImproperlyConfigured(
+            f"Put @idempotent under @api_view, not above it ({name}): above it, it would run "
+            "before DRF authenticates the caller and parses the body. Write @api_view([...]), "
+            "then the other DRF decorators, then @idempotent(...), then the function."
+        )
+    raise ImproperlyConfigured(
+        f"@idempotent decorates a view function or method, not {view_class.__qualname__}"
+        ".as_view(): decorate the handler (def post(...)) of the class, or wrap it with "
+        "django.utils.decorators.method_decorator(idempotent(...), name='post')."
+    )
+
+
+def _refuse_ninja_operation(wrapper: Any) -> None:
+    # django-ninja calls each of these with the operation it builds from the function
+    # (idempotency.ninja uses the same hook): decorated with this decorator under a
+    # ninja route, the function fails at import with the fix, not at its first request.
+    def refuse(operation: Any) -> None:
+        raise ImproperlyConfigured(f"{_NINJA} ({wrapper.__qualname__}).")
+
+    wrapper._ninja_contribute_to_operation = [refuse]
 
 
 def _find_request(args: tuple[Any, ...], view: Callable[..., Any]) -> AnyRequest:

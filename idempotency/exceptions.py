@@ -41,6 +41,14 @@ class KeyReused(IdempotencyError):
     default_detail = "This idempotency key was already used with a different request."
 
 
+class RequestInvalid(IdempotencyError):
+    """The request (or a function's arguments) cannot be fingerprinted: nested too deeply."""
+
+    code = "idempotency_request_invalid"
+    title = "Request invalid"
+    default_detail = "The request body cannot be read as data: it is nested too deeply."
+
+
 class ScopeUnavailable(IdempotencyError):
     code = "idempotency_scope_unavailable"
     title = "Idempotency scope unavailable"

@@ -5,11 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
 from django.utils.datastructures import MultiValueDict
+
+from idempotency.conf import idempotency_settings
+from idempotency.exceptions import RequestInvalid
+
+# Numbers whose leading digit's exponent lies in this range keep their plain decimal text
+# ("0.5", "1200"); beyond it the text would grow with the exponent (1e400 has 401 digits),
+# so they are written in scientific notation ("1e+400"). Either way the text is exact.
+_PLAIN_EXPONENTS = range(-64, 65)
 
 
 def fingerprint(parts: Iterable[str | bytes]) -> str:
@@ -23,8 +31,51 @@ def fingerprint(parts: Iterable[str | bytes]) -> str:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Parse JSON keeping numbers exact; raises ``ValueError`` when it is not JSON."""
-    return json.loads(raw, parse_float=Decimal, parse_int=Decimal)
+    """Parse JSON keeping numbers exact; raises ``ValueError`` when it is not JSON.
+
+    ``RequestInvalid`` when it is nested deeper than ``MAX_BODY_DEPTH``.
+    """
+    try:
+        data = json.loads(raw, parse_float=_decimal, parse_int=_decimal)
+    except RecursionError:
+        raise _too_deep() from None
+    check_depth(data)
+    return data
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        return Decimal(text)
+    except InvalidOperation:  # an exponent past what any decimal holds (10**18)
+        raise RequestInvalid(
+            f"The request body holds the number {text[:40]}, whose exponent is out of range."
+        ) from None
+
+
+def check_depth(data: Any, limit: int | None = None) -> None:
+    """``RequestInvalid`` if the lists and objects of parsed JSON nest deeper than ``limit``.
+
+    ``limit`` defaults to ``MAX_BODY_DEPTH``. Iterative: any depth is measured safely.
+    """
+    limit = idempotency_settings.MAX_BODY_DEPTH if limit is None else limit
+    if not isinstance(data, (dict, list)):
+        return
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise _too_deep(limit)
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+
+
+def _too_deep(limit: int | None = None) -> RequestInvalid:
+    limit = idempotency_settings.MAX_BODY_DEPTH if limit is None else limit
+    return RequestInvalid(
+        f"The request body nests lists or objects more than {limit} levels deep; "
+        "send it with fewer levels."
+    )
 
 
 def canonical(
@@ -45,17 +96,25 @@ def canonical(
             for name, value in data.items()
             if (include is None or name in include) and name not in exclude
         }
-    return _dump(data)
+    return _dump(data, idempotency_settings.MAX_BODY_DEPTH)
 
 
-def _dump(value: Any) -> str:
+def _dump(value: Any, room: int) -> str:
+    """The canonical text of ``value``, which may nest ``room`` more levels (bounded)."""
     if isinstance(value, Mapping):
+        if not room:
+            raise _too_deep()
         items = sorted((str(key), item) for key, item in value.items())
-        return "{" + ",".join(f"{json.dumps(key)}:{_dump(item)}" for key, item in items) + "}"
+        inner = ",".join(f"{json.dumps(key)}:{_dump(item, room - 1)}" for key, item in items)
+        return "{" + inner + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_dump(item) for item in value) + "]"
+        if not room:
+            raise _too_deep()
+        return "[" + ",".join(_dump(item, room - 1) for item in value) + "]"
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
+    if isinstance(value, int) and -_INT_PLAIN < value < _INT_PLAIN:
+        return str(value)  # the text _number gives it, faster
     if isinstance(value, (int, float, Decimal)):
         return _number(Decimal(str(value)) if isinstance(value, float) else Decimal(value))
     if isinstance(value, UploadedFile):
@@ -63,13 +122,25 @@ def _dump(value: Any) -> str:
     return json.dumps(str(value))
 
 
+_INT_PLAIN = 10**_PLAIN_EXPONENTS.stop
+# Enough precision and range for any number a parser gives: normalising rounds nothing.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
 def _number(value: Decimal) -> str:
-    # 1, 1.0, 1.00 and 1e0 are the same number: give them the same text.
-    if not value.is_finite():
-        return json.dumps(str(value))
+    """One exact text per number: 1, 1.0, 1.00 and 1e0 are the same number; 1e400 is not 1e401.
+
+    NaN and the infinities (which some parsers accept) are written unquoted, as
+    JavaScript names them: never the text of the strings "NaN" or "Infinity".
+    """
+    if value.is_nan():
+        return "NaN"
+    if value.is_infinite():
+        return "-Infinity" if value.is_signed() else "Infinity"
     if value.is_zero():
         return "0"
-    return f"{value.normalize():f}"
+    exact = value.normalize(_EXACT)  # trailing zeros into the exponent, never rounded
+    return f"{exact:f}" if exact.adjusted() in _PLAIN_EXPONENTS else f"{exact:e}"
 
 
 def _file_digest(upload: UploadedFile) -> str:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.core import (
     MODES,
@@ -27,7 +28,7 @@ from idempotency.core import (
     execute,
 )
 from idempotency.fingerprint import canonical, fingerprint
-from idempotency.keys import validate_key
+from idempotency.keys import checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec, register
 
@@ -126,10 +127,21 @@ class CallGuard:
 
     def run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         """Run ``work`` (the call of the guarded function with these arguments) at most once."""
-        call_key = str(self.key(*args, **kwargs))
+        validate_settings()
+        bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
+        bound.apply_defaults()
+        call_key = checked_key(_call(self.key, bound, args, kwargs), self.key, self.name)
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
+        scope = self.scope
+        if callable(scope):
+            scope = _call(scope, bound, args, kwargs)
+            if not (isinstance(scope, str) and scope):
+                raise ValueError(
+                    f"The scope function of {self.name} returned {scope!r}: it should return "
+                    "the scope as a non-empty string."
+                )
         call = Operation(
-            scope=str(self.scope(*args, **kwargs) if callable(self.scope) else self.scope),
+            scope=scope,
             key=call_key,
             request_hash=self.request_hash(args, kwargs),
             name=self.name,
@@ -142,11 +154,48 @@ class CallGuard:
 
     def request_hash(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if self.fingerprint is not None:
-            return fingerprint([canonical(self.fingerprint(*args, **kwargs))])
-        if self.fields is None and not self.exclude:
-            return fingerprint([canonical({"args": list(args), "kwargs": kwargs})])
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return fingerprint([canonical(_call(self.fingerprint, bound, args, kwargs))])
+        # By name, whether passed positionally or as keywords: f(a, b) is f(x=a, y=b).
         arguments = _named_arguments(self.signature, args, kwargs)
         return fingerprint([canonical(arguments, include=self.fields, exclude=self.exclude)])
+
+
+def _call(
+    function: Callable[..., T],
+    bound: inspect.BoundArguments,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
+    """Call a key, scope or fingerprint function with the call's arguments.
+
+    By name when it takes them (``lambda order_ref, **_: order_ref`` gets the same
+    ``order_ref`` from ``f("A", 1)`` and ``f(order_ref="A", amount=1)``), else
+    positionally in the guarded function's order, else exactly as the call passed them.
+    """
+    by_name = dict(bound.arguments)
+    for parameter in bound.signature.parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            by_name.update(by_name.pop(parameter.name, {}))
+    has_var_positional = any(
+        p.kind is p.VAR_POSITIONAL for p in bound.signature.parameters.values()
+    )
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin such as operator.itemgetter
+        return function(*bound.args, **bound.kwargs)
+    candidates: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    if not has_var_positional:
+        candidates.append(((), by_name))
+    candidates += [(bound.args, bound.kwargs), (args, kwargs)]
+    for positional, named in candidates:
+        try:
+            signature.bind(*positional, **named)
+        except TypeError:
+            continue
+        return function(*positional, **named)
+    return function(*args, **kwargs)  # raises the TypeError that says what is wrong
 
 
 def _message_parameter(signature: inspect.Signature) -> str | None:

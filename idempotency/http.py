@@ -21,15 +21,21 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
 from django.db import connections
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
-from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
+from idempotency.checks import validate_settings
+from idempotency.conf import (
+    FORBIDDEN_REPLAY_HEADERS,
+    idempotency_settings,
+    is_header_name,
+    load_callable,
+)
 from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
-from idempotency.keys import parse_key, validate_key
+from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
 
@@ -57,6 +63,7 @@ _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 _ERROR_STATUS = {
     "idempotency_key_missing": 400,
     "idempotency_key_invalid": 400,
+    "idempotency_request_invalid": 400,
     "idempotency_scope_unavailable": 403,
     "idempotency_key_in_use": 409,
     "idempotency_lease_lost": 409,
@@ -86,6 +93,11 @@ class IdempotencyOptions:
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
+        if self.header is not None and not is_header_name(self.header):
+            raise ValueError(
+                f"header should be an HTTP header name such as 'Idempotency-Key', not "
+                f"{self.header!r}: a token of letters, digits and !#$%&'*+-.^_`|~ (RFC 9110)."
+            )
         if self.wait_seconds is not None and not self.wait_seconds >= 0:
             raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
 
@@ -103,7 +115,9 @@ def protect(
     """
     if _django_request(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
+    validate_settings()
     try:
+        json_body(request)  # too deep to read: refused before any parser or key function
         key = read_key(request, options)
         if key is None:
             return view()
@@ -160,11 +174,15 @@ async def aprotect(
 
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     max_length = idempotency_settings.MAX_KEY_LENGTH
+    missing = KeyMissing()
     if options.key is not None:
-        key = load_callable(options.key, "key")(request)
+        function = load_callable(options.key, "key")
+        key = function(request)
         if key is not None:
-            validate_key(str(key), max_length=max_length)
+            validate_key(checked_key(key, function), max_length=max_length)
             return str(key)
+        name = getattr(function, "__qualname__", repr(function))
+        missing = KeyMissing(f"{missing.detail} The key function {name} found none (None).")
     else:
         header = options.header or idempotency_settings.HEADER
         raw = _django_request(request).headers.get(header)
@@ -176,7 +194,7 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
         options.required if options.required is not None else idempotency_settings.REQUIRE_KEY
     )
     if required:
-        raise KeyMissing()
+        raise missing
     return None
 
 
@@ -254,6 +272,11 @@ def _canonical_body(
     form = content_type in _FORM_TYPES
     if form:
         exclude = (*exclude, *_FORM_ONLY_FIELDS)
+    exact = json_body(request)
+    if exact is not _UNPARSED:
+        if exact is _NOT_JSON:
+            return request.body  # the view rejects it; the raw bytes still fingerprint it
+        return canonical(exact, include=fields, exclude=exclude)
     data = parsed_body(request)
     if data is not _UNPARSED:
         return canonical(data, include=fields, exclude=exclude)
@@ -264,13 +287,37 @@ def _canonical_body(
         except MultiPartParserError:
             return b""
         return canonical(fields_and_files, include=fields, exclude=exclude)
-    body = request.body
-    if content_type == "application/json" or content_type.endswith("+json"):
-        try:
-            return canonical(parse_json(body), include=fields, exclude=exclude) if body else b""
-        except ValueError:
-            pass  # the view rejects it; the raw bytes still fingerprint it
-    return body
+    return request.body
+
+
+_NOT_JSON: Any = object()
+
+
+def json_body(request: AnyRequest) -> Any:
+    """The JSON body parsed exactly (numbers as ``Decimal``), for the fingerprint.
+
+    ``_UNPARSED`` when the request is not JSON or its body was already read as a
+    stream (a framework's parse is used then), ``_NOT_JSON`` when it is malformed
+    (the view rejects it; the raw bytes fingerprint it). ``RequestInvalid`` when it
+    nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
+    """
+    django_request = _django_request(request)
+    cached = getattr(django_request, "_idempotency_json", _UNPARSED)
+    if cached is not _UNPARSED:
+        return cached
+    content_type = django_request.content_type or ""
+    if not (content_type == "application/json" or content_type.endswith("+json")):
+        return _UNPARSED
+    try:
+        body = django_request.body
+    except RawPostDataException:
+        return _UNPARSED
+    try:
+        parsed = parse_json(body) if body else _NOT_JSON
+    except ValueError:
+        parsed = _NOT_JSON
+    django_request._idempotency_json = parsed  # type: ignore[attr-defined]
+    return parsed
 
 
 def default_outcome_policy(response: HttpResponseBase) -> Status | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from idempotency.exceptions import KeyInvalid
 
 _FORBIDDEN = {",", '"'}
@@ -30,6 +33,24 @@ def validate_key(key: str, *, max_length: int) -> None:
             "The idempotency key may only contain visible ASCII characters "
             "(0x21 to 0x7E) other than ',' and '\"'."
         )
+
+
+def checked_key(key: object, function: Callable[..., Any], owner: str = "") -> str:
+    """``key`` if a key function returned a non-empty string; else ``KeyInvalid`` naming it.
+
+    ``str(None)`` would make every call without an id share the one key "None".
+    """
+    if isinstance(key, str) and key:
+        return key
+    name = getattr(function, "__qualname__", None) or repr(function)
+    module = getattr(function, "__module__", None)
+    where = f"{module}.{name}" if module else name
+    of = f" of {owner}" if owner else ""
+    found = "an empty string" if key == "" else f"{key!r} ({type(key).__name__})"
+    raise KeyInvalid(
+        f"The key function{of}, {where}, returned {found}: it should return the key as a "
+        "non-empty string, never a value that many calls could share."
+    )
 
 
 def _unquote(inner: str) -> str:

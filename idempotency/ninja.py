@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection
 from contextlib import suppress
 from contextvars import ContextVar
 from functools import partial, wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
@@ -26,8 +26,16 @@ from ninja.utils import contribute_operation_callback
 from idempotency import openapi
 from idempotency.conf import idempotency_settings
 from idempotency.core import Mode
-from idempotency.exceptions import IdempotencyError
-from idempotency.http import IdempotencyOptions, aprotect, default_scope, protect
+from idempotency.exceptions import IdempotencyError, RequestInvalid
+from idempotency.http import (
+    SAFE_METHODS,
+    IdempotencyOptions,
+    aprotect,
+    default_scope,
+    error_response,
+    json_body,
+    protect,
+)
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,7 +45,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 _CURRENT: ContextVar[Operation] = ContextVar("idempotency_ninja_operation")
 
 
+@overload
+def idempotent(view: F, /) -> F: ...
+
+
+@overload
 def idempotent(
+    view: None = None,
+    /,
     *,
     operation: str | None = None,
     header: str | None = None,
@@ -53,8 +68,32 @@ def idempotent(
     wait_seconds: float | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
-) -> Callable[[F], F]:
-    """Make a ninja operation safe to retry; the options are those of ``idempotency.idempotent``."""
+) -> Callable[[F], F]: ...
+
+
+def idempotent(
+    view: F | None = None,
+    /,
+    *,
+    operation: str | None = None,
+    header: str | None = None,
+    required: bool | None = None,
+    key: Callable[[HttpRequest], str | None] | str | None = None,
+    scope: Callable[[HttpRequest, str], str] | str | None = None,
+    fingerprint: Callable[[HttpRequest], str | bytes] | str | None = None,
+    fields: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    mode: Mode | None = None,
+    lease_seconds: float | None = None,
+    lock_timeout: float | None = None,
+    wait_seconds: float | None = None,
+    outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
+    resolver: ResolverSpec | None = None,
+) -> F | Callable[[F], F]:
+    """Make a ninja operation safe to retry; the options are those of ``idempotency.idempotent``.
+
+    ``@idempotent`` alone uses the settings.
+    """
     options = IdempotencyOptions(
         operation=operation,
         header=header,
@@ -90,6 +129,13 @@ def idempotent(
         decorate_view(_serving)(wrapper)
         return wrapper  # type: ignore[return-value]
 
+    if view is not None:
+        if not callable(view):
+            raise TypeError(
+                f"@idempotent takes its options by keyword, not {view!r}: write "
+                "@idempotent(operation=...) or @idempotent()."
+            )
+        return decorator(view)
     return decorator
 
 
@@ -206,6 +252,9 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
 
         @wraps(run)
         async def serve_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            refused = _unreadable(request)
+            if refused is not None:
+                return refused
             token = _CURRENT.set(operation)
             try:
                 return await run(request, *args, **kwargs)
@@ -216,6 +265,9 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(run)
     def serve(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        refused = _unreadable(request)
+        if refused is not None:
+            return refused
         token = _CURRENT.set(operation)
         try:
             return run(request, *args, **kwargs)
@@ -223,6 +275,17 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
             _CURRENT.reset(token)
 
     return serve
+
+
+def _unreadable(request: HttpRequest) -> HttpResponseBase | None:
+    """The problem answer to a JSON body nested too deeply, before ninja's parser reads it."""
+    if request.method in SAFE_METHODS:
+        return None
+    try:
+        json_body(request)
+    except RequestInvalid as error:
+        return error_response(request, error)
+    return None
 
 
 def _keep_signature(wrapper: Callable[..., Any], view: Callable[..., Any]) -> None:

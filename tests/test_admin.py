@@ -363,11 +363,16 @@ def test_run_resolver_applies_its_answer(operator, settings, state):
     assert change_log(record) == [f"Ran the resolver: succeeded ({record.status} → SUCCEEDED)."]
 
 
-def test_run_resolver_without_a_resolver_asks_for_review(operator):
-    record = IdempotencyRecordFactory(expired_lease=True, operation="no.resolver")
+@pytest.mark.parametrize("state", ["expired_lease", "needs_review"])
+def test_run_resolver_without_a_resolver_says_there_is_none(operator, state):
+    record = IdempotencyRecordFactory(**{state: True}, operation="no.resolver")
     response = act(operator, "run_resolver", record)
-    assert reloaded(record).status == Status.NEEDS_REVIEW
-    assert "(needs_review: 1)" in notes(response)[0]
+    assert reloaded(record).status == record.status
+    (note,) = notes(response)
+    assert note.startswith("1 record was not changed:")
+    assert "operation no.resolver has no resolver" in note
+    assert "IDEMPOTENCY['RESOLVERS']['no.resolver']" in note
+    assert not change_log(record)
 
 
 @pytest.mark.parametrize("state", ["succeeded", "failed_retryable", "in_flight"])

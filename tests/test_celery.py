@@ -18,7 +18,12 @@ from tests.celery_app import app
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
-from tests.testapp.tasks import place_order, place_order_atomic, place_order_impatiently
+from tests.testapp.tasks import (
+    capture_payment,
+    place_order,
+    place_order_atomic,
+    place_order_impatiently,
+)
 
 
 @pytest.mark.django_db
@@ -74,6 +79,26 @@ def test_a_key_in_use_is_retried_at_most_max_retries_times():
     assert result.state == "FAILURE"
     assert isinstance(result.result, KeyInUse)
     assert not Order.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_docs_example_keys_positional_and_keyword_calls_alike():
+    first = capture_payment.apply(("ORD-1", "19.90")).get()
+    again = capture_payment.apply(kwargs={"order_ref": "ORD-1", "amount": "19.90", "sent_at": "t"})
+    assert again.get() == first == {"payment": Order.objects.get().pk}
+    assert IdempotencyRecord.objects.get().idem_key == "ORD-1"
+
+
+@pytest.mark.django_db
+def test_a_task_key_function_returning_none_fails_naming_it():
+    from idempotency import KeyInvalid
+
+    keyless = place_order.apply(kwargs={"ref": None, "owner_id": 1, "quantity": 1})
+    assert keyless.state == "FAILURE"
+    assert isinstance(keyless.result, KeyInvalid)
+    assert "tests.testapp.tasks.place_order" in keyless.result.detail
+    assert "returned None" in keyless.result.detail
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_expected_failures_keep_the_reused_key():
@@ -204,3 +229,18 @@ def test_retries_stop_at_max_retries(queue, tmp_path):
     log = _log(tmp_path, until=f"[{failed.id}] raised unexpected: KeyInUse")
     assert _retries(log, failed.id) == 1  # max_retries=1
     assert Order.objects.count() == 1
+
+
+@through_a_worker
+def test_the_docs_example_called_with_delay_runs_once(queue, monkeypatch):
+    # docs/celery.md: capture_payment.delay("ORD-1", "19.90"), here routed to this worker.
+    monkeypatch.setitem(app.conf, "task_routes", {capture_payment.name: {"queue": queue}})
+    # Celery reads its routes once: make it read them again, and forget them afterwards.
+    monkeypatch.setattr(app.amqp, "_rtable", None)
+    monkeypatch.setitem(app.amqp.__dict__, "router", app.amqp.Router())
+    first = capture_payment.delay("ORD-1", "19.90")
+    assert first.get(timeout=60) == {"payment": Order.objects.get().pk}
+    again = capture_payment.delay(order_ref="ORD-1", amount="19.90", sent_at="09:05")
+    assert again.get(timeout=60) == first.get()
+    assert Order.objects.count() == 1
+    assert IdempotencyRecord.objects.get().idem_key == "ORD-1"

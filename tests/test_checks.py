@@ -21,6 +21,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E002", {"LOCK_TIMOUT": 1}),
     ("idempotency.E003", {"HEADER": ""}),
     ("idempotency.E003", {"HEADER": 42}),
+    ("idempotency.E003", {"HEADER": "Idempotency Key"}),
+    ("idempotency.E003", {"HEADER": "Idempotency-Key:"}),
+    ("idempotency.E003", {"HEADER": "Clé"}),
     ("idempotency.E004", {"MAX_KEY_LENGTH": 0}),
     ("idempotency.E004", {"MAX_KEY_LENGTH": 256}),
     ("idempotency.E004", {"MAX_KEY_LENGTH": "64"}),
@@ -59,6 +62,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E027", {"MAX_WAITERS": 2.5}),
     ("idempotency.E029", {"REPLAY_CACHE": "no-such-cache"}),
     ("idempotency.E029", {"REPLAY_CACHE": 1}),
+    ("idempotency.E030", {"MAX_BODY_DEPTH": 0}),
+    ("idempotency.E030", {"MAX_BODY_DEPTH": "100"}),
 ]
 
 
@@ -79,7 +84,8 @@ def test_bad_setting_is_reported_by_id(error_id, setting):
 
 def test_every_check_id_is_tested():
     # E028 needs DRF missing: below, and for real in tests/test_without_drf.py.
-    tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E028"}
+    # E031 needs a URLconf: test_lease_views_under_atomic_requests_are_each_reported.
+    tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E028", "idempotency.E031"}
     assert ids_in_checks_module() == tested
 
 
@@ -185,3 +191,57 @@ def test_unknown_key_hint_lists_valid_keys():
         (message,) = [m for m in run_checks() if m.id == "idempotency.E002"]
     assert "LOCK_TIMOUT" in message.msg
     assert "LOCK_TIMEOUT" in message.hint
+
+
+@override_settings(ROOT_URLCONF="tests.check_urls")
+def test_lease_views_under_atomic_requests_are_each_reported(monkeypatch):
+    assert [m for m in run_checks() if m.id == "idempotency.E031"] == []
+    monkeypatch.setitem(settings.DATABASES["default"], "ATOMIC_REQUESTS", True)
+    messages = [m for m in run_checks() if m.id == "idempotency.E031"]
+    reported = sorted(m.msg.split(" (URL")[0] for m in messages)
+    # Not plain_lease_outside (non_atomic_requests), not plain_atomic (atomic mode).
+    assert reported == ["LeaseViewSet", "drf_lease", "ninja_lease", "plain_lease"]
+    assert all("@transaction.non_atomic_requests" in (m.hint or "") for m in messages)
+    assert "URL drf/" in next(m.msg for m in messages if m.msg.startswith("drf_lease"))
+
+
+def test_the_header_setting_accepts_any_header_name():
+    with override_settings(IDEMPOTENCY={"HEADER": "X-Idempotency_Key.v2"}):
+        assert our_errors() == []
+
+
+def test_a_per_view_header_must_be_a_header_name():
+    from idempotency import IdempotencyOptions
+
+    with pytest.raises(ValueError, match="header should be an HTTP header name"):
+        IdempotencyOptions(header="Idempotency Key")
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db
+def test_a_session_clock_off_utc_is_warned_about():
+    from django.db import connection
+
+    from idempotency.checks import check_database
+
+    assert check_database(databases=["default"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SET time_zone = '+02:00'")
+    try:
+        (message,) = check_database(databases=["default"])
+        assert check_database(databases=[]) == []  # only when asked to query the database
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET time_zone = '+00:00'")
+    assert message.id == "idempotency.W003"
+    assert "7200 seconds off UTC" in message.msg
+    assert "SET time_zone" in message.hint
+
+
+def test_other_databases_have_no_session_clock_to_check():
+    from idempotency.stores.generic import GenericStore
+    from idempotency.stores.postgres import PostgresStore
+
+    # PostgreSQL and SQLite store timestamps with their zone, or in UTC.
+    assert GenericStore("default").clock_offset() is None
+    assert PostgresStore("default").clock_offset() is None

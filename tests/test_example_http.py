@@ -7,6 +7,7 @@ it with urllib from many threads, as a client would.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -220,3 +221,45 @@ def test_callback_for_an_unknown_order_or_malformed_body(server, order_id):
     assert invalid.status == 400
     assert server.records_with("idem_key", "acme:H-404") == 0
     assert server.records_with("idem_key", "acme:H-400") == 0
+
+
+# --- bad input over HTTP ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/orders/", "/ninja/orders", "/ninja/async/orders"])
+def test_deep_json_is_a_400_problem_and_leaves_the_key_free(server, path):
+    deep = b'{"sku": "http-deep", "quantity": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    key = f"http-deep{path.replace('/', '-')}"
+    refused = server.create_order(deep, key=key, path=path)
+    corrected = server.create_order({"sku": "http-deep", "quantity": 1}, key=key, path=path)
+
+    assert refused.status == 400
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["code"] == "idempotency_request_invalid"
+    assert (corrected.status, corrected.replayed) == (201, False)
+    assert server.records_with("idem_key", key) == 1
+
+
+def test_numbers_that_differ_are_refused_not_replayed(server):
+    first = server.create_order(b'{"sku": "Infinity", "quantity": 1}', key="http-inf")
+    other = server.create_order(b'{"sku": 1e400, "quantity": 1}', key="http-inf")
+
+    assert first.status == 201
+    assert (other.status, other.replayed) == (422, False)
+    assert other.json()["code"] == "idempotency_key_reused"
+    assert server.orders_with_sku("Infinity") == 1
+
+
+def test_a_nul_character_or_a_non_json_media_type_never_reaches_the_database(server):
+    nul = json.dumps({"sku": "a\x00b", "quantity": 1}).encode()
+    as_text = {"Idempotency-Key": "http-text", "Content-Type": "text/plain"}
+    replies = [
+        server.create_order(nul, key="http-nul", path="/ninja/orders"),
+        server.create_order(nul, key="http-nul", path="/api/orders/"),
+        server.request("POST", "/ninja/orders", b'{"sku": "t", "quantity": 1}', headers=as_text),
+        server.request("POST", "/api/orders/", b'{"sku": "t", "quantity": 1}', headers=as_text),
+    ]
+
+    assert [reply.status for reply in replies] == [422, 400, 415, 415]
+    assert server.records_with("idem_key", "http-nul") == 0
+    assert server.records_with("idem_key", "http-text") == 0

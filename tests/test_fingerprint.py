@@ -10,6 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import QueryDict
 from django.test import RequestFactory
 
+from idempotency.exceptions import RequestInvalid
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.http import default_fingerprint
 
@@ -183,3 +184,70 @@ class TestParts:
 
     def test_str_and_bytes_parts_agree(self):
         assert fingerprint(["abc"]) == fingerprint([b"abc"])
+
+
+# -- numbers told apart exactly, depth bounded
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (b"1e400", b'"Infinity"'),
+        (b"-1e400", b'"-Infinity"'),
+        (b"1e400", b"1e401"),
+        (b"NaN", b'"NaN"'),
+        (b"Infinity", b'"Infinity"'),
+        (b"-Infinity", b"Infinity"),
+        (b"1e400", b'"1e400"'),
+        (b"0.1000000000000000000000000000001", b"0.1"),
+        (b"12345678901234567890123456789012", b"12345678901234567890123456789013"),
+    ],
+)
+def test_different_numbers_have_different_canonical_text(one, other):
+    assert canonical(parse_json(one)) != canonical(parse_json(other))
+
+
+@pytest.mark.parametrize(
+    "spellings",
+    [
+        [b"1", b"1.0", b"1.00", b"1e0", b"10e-1", b"0.1e1"],
+        [b"1e400", b"10e399", b"1.0e400", b"1E+400"],
+        [b"0", b"-0", b"0.0", b"0e10"],
+        [b"-2.50", b"-2.5", b"-25e-1"],
+    ],
+)
+def test_spellings_of_one_number_share_their_canonical_text(spellings):
+    assert len({canonical(parse_json(raw)) for raw in spellings}) == 1
+
+
+def test_canonical_numbers_keep_their_plain_text_and_stay_short():
+    assert [canonical(parse_json(raw)) for raw in (b"19.90", b"1200", b"0.005")] == [
+        "19.9",
+        "1200",
+        "0.005",
+    ]
+    assert canonical(parse_json(b"1e999999999")) == "1e+999999999"  # not a billion zeros
+    assert canonical(float("inf")) == "Infinity" != canonical("Infinity")
+    assert canonical(float("nan")) == "NaN" != canonical("NaN")
+    assert canonical(10**70) == canonical(parse_json(b"1e70"))
+
+
+def test_json_deeper_than_the_bound_is_refused_at_any_depth():
+    assert parse_json(b"[" * 100 + b"]" * 100) is not None
+    for depth in (101, 5_000, 200_000):
+        with pytest.raises(RequestInvalid, match="more than 100 levels"):
+            parse_json(b"[" * depth + b"]" * depth)
+
+
+@pytest.mark.parametrize("raw", [b"1e9999999999999999999999", b"[-1e-9999999999999999999999]"])
+def test_a_number_no_decimal_can_hold_is_refused(raw):
+    with pytest.raises(RequestInvalid, match="exponent is out of range"):
+        parse_json(raw)
+
+
+def test_data_deeper_than_the_bound_is_refused_not_overflowed():
+    data: list = []
+    for _ in range(10_000):
+        data = [data]
+    with pytest.raises(RequestInvalid):
+        canonical({"items": data})

@@ -159,3 +159,78 @@ def test_fingerprint_and_fields_do_not_mix():
         idempotent_function(scope="s", key=lambda e: e, fingerprint=lambda e: e, fields=["id"])(
             lambda e: None
         )
+
+
+# -- key functions that cannot give a key, and arguments bound by name
+
+
+@idempotent_function(scope="consumer:ids", key=lambda event: event.get("id"))
+def handle_by_id(event: dict) -> int:
+    calls.append(event)
+    return len(calls)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("event", "found"),
+    [({}, "None (NoneType)"), ({"id": ""}, "an empty string"), ({"id": 42}, "42 (int)")],
+)
+def test_a_key_function_without_a_string_key_is_refused_naming_it(event, found):
+    with pytest.raises(KeyInvalid) as caught:
+        handle_by_id(event)
+    detail = caught.value.detail
+    assert f"of {__name__}.handle_by_id, {__name__}.<lambda>, returned {found}" in detail
+    assert "non-empty string" in detail
+    assert calls == [] and not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db
+def test_events_without_an_id_never_share_the_key_none():
+    for amount in (1, 2):
+        with pytest.raises(KeyInvalid):
+            handle_by_id({"amount": amount})
+    assert not IdempotencyRecord.objects.filter(idem_key="None").exists()
+
+
+@pytest.mark.django_db
+def test_a_scope_function_without_a_scope_is_refused():
+    guarded = idempotent_function(scope=lambda event: None, key=lambda event: event["id"])(
+        lambda event: 1
+    )
+    with pytest.raises(ValueError, match="scope function of .* returned None"):
+        guarded({"id": "e"})
+    assert not IdempotencyRecord.objects.exists()
+
+
+@idempotent_function(scope="tasks:capture", key=lambda order_ref, **_: order_ref)
+def capture(order_ref: str, amount: str, sent_at: str | None = None) -> int:
+    calls.append({"order_ref": order_ref})
+    return len(calls)
+
+
+@pytest.mark.django_db
+def test_positional_and_keyword_calls_are_one_intent():
+    assert capture("ORD-1", "19.90") == 1  # the key function takes order_ref by name
+    assert capture(order_ref="ORD-1", amount="19.90") == 1
+    assert capture("ORD-1", amount="19.90", sent_at=None) == 1
+    with pytest.raises(KeyReused):
+        capture(order_ref="ORD-1", amount="5.00")
+    assert len(calls) == 1
+    assert IdempotencyRecord.objects.get().idem_key == "ORD-1"
+
+
+@pytest.mark.django_db
+def test_a_key_function_with_its_own_parameter_names_gets_the_arguments_in_order():
+    guarded = idempotent_function(scope="s", key=lambda e, n: f"{e['id']}:{n}")(
+        lambda event, attempt=0: calls.append(event) or len(calls)
+    )
+    assert guarded({"id": "e"}, 1) == 1
+    assert guarded({"id": "e"}, attempt=1) == 1
+    assert IdempotencyRecord.objects.get().idem_key == "e:1"
+
+
+@pytest.mark.django_db
+def test_wrong_arguments_fail_before_any_record():
+    with pytest.raises(TypeError):
+        capture("ORD-2")  # amount is missing
+    assert not IdempotencyRecord.objects.exists()

@@ -152,3 +152,21 @@ class TestFromTheRequest:
         options = IdempotencyOptions(key=lambda request: "12345")
         with pytest.raises(KeyInvalid):
             header_key(None, options)
+
+
+@pytest.mark.parametrize(("returned", "found"), [(42, r"42 \(int\)"), ("", "an empty string")])
+def test_a_key_callable_that_returns_no_string_is_refused_naming_it(returned, found):
+    def trade_key(request: object) -> object:
+        return returned
+
+    with pytest.raises(KeyInvalid, match=rf"trade_key, returned {found}: .*non-empty string"):
+        header_key(None, IdempotencyOptions(key=trade_key))
+
+
+def test_a_key_callable_returning_none_means_the_request_has_no_key():
+    def charge_id(request: object) -> None:
+        return None
+
+    with pytest.raises(KeyMissing, match="The key function .*charge_id found none"):
+        header_key(None, IdempotencyOptions(key=charge_id))
+    assert header_key(None, IdempotencyOptions(key=lambda request: None, required=False)) is None

@@ -208,6 +208,11 @@ class Store(ABC):
         Called after a finish or a release, for operations whose duplicates may wait.
         """
 
+    def clock_offset(self) -> tuple[str, int] | None:
+        """``(time zone, seconds off UTC)`` of the session's clock, where the database
+        keeps datetimes in the session's time zone; ``None`` where it cannot be off."""
+        return None
+
     # Purge
 
     @abstractmethod

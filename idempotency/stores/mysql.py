@@ -121,6 +121,15 @@ class MySQLStore(GenericStore):
         finally:
             self._always("SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait")
 
+    def clock_offset(self) -> tuple[str, int] | None:
+        # DATETIME columns hold the session's local time: NOW() must be UTC, as Django's values.
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT @@session.time_zone, TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())"
+            )
+            zone, offset = cursor.fetchone()
+        return str(zone), int(offset)
+
     def contention(self, error: DatabaseError) -> Contention | None:
         code = error.args[0] if error.args else None
         if code in _BUSY:
