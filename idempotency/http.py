@@ -28,7 +28,17 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
-from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
+from idempotency.core import (
+    MODES,
+    Attempt,
+    InFlight,
+    Mode,
+    Operation,
+    Outcome,
+    StoredResponse,
+    check_in_flight,
+    execute,
+)
 from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import parse_key, validate_key
@@ -84,12 +94,14 @@ class IdempotencyOptions:
     outcome_policy: Callable[[HttpResponseBase], Status | None] | str | None = None
     resolver: ResolverSpec | None = None
     wait_seconds: float | None = None
+    in_flight: InFlight | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
         if self.wait_seconds is not None and not self.wait_seconds >= 0:
             raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
+        check_in_flight(self.in_flight, self.wait_seconds)
 
 
 def protect(
@@ -211,6 +223,7 @@ def build_operation(
         lock_timeout=options.lock_timeout,
         resolver=options.resolver,
         wait_seconds=options.wait_seconds,
+        in_flight=options.in_flight,
     )
 
 

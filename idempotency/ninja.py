@@ -25,7 +25,7 @@ from ninja.utils import contribute_operation_callback
 
 from idempotency import openapi
 from idempotency.conf import idempotency_settings
-from idempotency.core import Mode
+from idempotency.core import InFlight, Mode
 from idempotency.exceptions import IdempotencyError
 from idempotency.http import IdempotencyOptions, aprotect, default_scope, protect
 from idempotency.resolvers import ResolverSpec, register
@@ -51,6 +51,7 @@ def idempotent(
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
     wait_seconds: float | None = None,
+    in_flight: InFlight | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]:
@@ -68,6 +69,7 @@ def idempotent(
         lease_seconds=lease_seconds,
         lock_timeout=lock_timeout,
         wait_seconds=wait_seconds,
+        in_flight=in_flight,
         outcome_policy=outcome_policy,
         resolver=resolver,
     )
