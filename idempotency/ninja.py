@@ -240,18 +240,24 @@ def _keep_signature(wrapper: Callable[..., Any], view: Callable[..., Any]) -> No
 def _describe(operation: Operation, options: IdempotencyOptions, name: str) -> None:
     """Adds the key header, the problem responses and the replay header to ninja's schema.
 
-    Ninja answers 422 itself (its validation error): both bodies are documented there.
+    Ninja answers 400 (a body it cannot read) and 422 (its validation error) itself:
+    both bodies are documented there.
     """
     if not any(openapi.protects(method) for method in operation.methods):
         return
     statuses = [status for status in operation.response_models if isinstance(status, int)]
     shared = _share_components(operation)
-    problem = _ref(openapi.PROBLEM_COMPONENT) if shared else openapi.problem_schema()
-    validation = (
-        _ref(openapi.VALIDATION_COMPONENT) if shared else openapi.ninja_validation_error_schema()
+    problem, validation, unreadable = (
+        [_ref(name) for name in _DEFINITIONS]
+        if shared
+        else [definition() for definition in _DEFINITIONS.values()]
     )
     framework = {
-        422: (validation, "the request did not pass django-ninja's validation (`ValidationError`).")
+        400: (unreadable, "django-ninja could not read the request (`HttpError`)."),
+        422: (
+            validation,
+            "the request did not pass django-ninja's validation (`ValidationError`).",
+        ),
     }
     errors = openapi.error_responses(problem, framework)
     for status in set(errors) & set(statuses):
@@ -268,16 +274,24 @@ def _describe(operation: Operation, options: IdempotencyOptions, name: str) -> N
     operation.openapi_extra = extra
 
 
+# The components a protected operation refers to: the problem, then ninja's own errors.
+_DEFINITIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    openapi.PROBLEM_COMPONENT: openapi.problem_schema,
+    openapi.VALIDATION_COMPONENT: openapi.ninja_validation_error_schema,
+    openapi.HTTP_ERROR_COMPONENT: openapi.ninja_http_error_schema,
+}
+
+
 def _ref(component: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{component}"}
 
 
 def _share_components(operation: Operation) -> bool:
-    """Put ``IdempotencyProblem`` and ``ValidationError`` among the schema's components.
+    """Put ``IdempotencyProblem`` and ninja's errors among the schema's components.
 
     An operation's ``openapi_extra`` cannot add components, but its response
     models' JSON schemas can (ninja moves their ``$defs`` there): one of them is
-    given a subclass that validates the same and adds the two definitions. False
+    given a subclass that validates the same and adds the definitions. False
     when the operation has no response model (the schemas are then inline).
     """
     for status, model in operation.response_models.items():
@@ -298,10 +312,8 @@ def _with_definitions(model: type[BaseModel]) -> type[BaseModel]:
         def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
             schema = super().model_json_schema(*args, **kwargs)
             definitions = schema.setdefault("$defs", {})
-            definitions.setdefault(openapi.PROBLEM_COMPONENT, openapi.problem_schema())
-            definitions.setdefault(
-                openapi.VALIDATION_COMPONENT, openapi.ninja_validation_error_schema()
-            )
+            for name, definition in _DEFINITIONS.items():
+                definitions.setdefault(name, definition())
             return schema
 
     Described.__name__ = Described.__qualname__ = model.__name__

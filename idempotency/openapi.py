@@ -25,6 +25,7 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 JSON_MEDIA_TYPE = "application/json"
 PROBLEM_COMPONENT = "IdempotencyProblem"
 VALIDATION_COMPONENT = "ValidationError"
+HTTP_ERROR_COMPONENT = "HttpError"
 
 # The stable codes each status can carry, in the order the docs list them.
 ERROR_CODES: dict[int, tuple[str, ...]] = {
@@ -101,6 +102,20 @@ def ninja_validation_error_schema() -> Schema:
             }
         },
         "required": ["detail"],
+    }
+
+
+def ninja_http_error_schema() -> Schema:
+    """The body of django-ninja's ``HttpError``: its 400 for a body it cannot read, for one.
+
+    Nothing but ``detail``: a problem, which has ``detail`` too, is never one.
+    """
+    return {
+        "type": "object",
+        "description": "django-ninja's error for a request it could not read (`HttpError`).",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+        "additionalProperties": False,
     }
 
 
