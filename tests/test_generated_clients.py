@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import inspect
 import json
 import subprocess
 import sys
@@ -132,6 +133,13 @@ def generated(request: Any, server: Server, packages: Path) -> Generated:
 
 def sku() -> str:
     return f"gen-{uuid.uuid4().hex[:12]}"
+
+
+def test_the_key_is_a_typed_required_argument(generated):
+    parameter = inspect.signature(generated.operation.sync_detailed).parameters["idempotency_key"]
+
+    assert parameter.default is inspect.Parameter.empty
+    assert parameter.annotation in (str, "str")
 
 
 def test_create_and_replay(generated, server):
