@@ -123,6 +123,9 @@ IDEMPOTENCY = {
     # Lease mode (the reports): how long a duplicate waits for the first attempt's
     # outcome instead of answering 409 at once; 0 answers at once.
     "WAIT_SECONDS": env.float("IDEMPOTENCY_WAIT_SECONDS", default=0.0),
+    # "conflict": a duplicate of an attempt in flight gets 409 at once, without
+    # waiting LOCK_TIMEOUT on the first attempt's row lock (the draft's SHOULD).
+    "IN_FLIGHT": env.str("IDEMPOTENCY_IN_FLIGHT", default="wait"),
 }
 
 # The payment provider signs each callback body with this secret (X-Signature).

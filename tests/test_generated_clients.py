@@ -19,7 +19,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.example_server import USERS, Server, example_project, gunicorn, server_connection
+from tests.example_server import USERS, Server, example_project, gunicorn, orders_held
 
 pytestmark = pytest.mark.postgres  # the example server on the primary database; LOCK TABLE
 
@@ -196,18 +195,14 @@ def test_duplicate_of_an_attempt_in_flight_is_409(generated, server):
     table; its duplicate waits ``LOCK_TIMEOUT`` (2 s in the example) on the record and gets 409."""
     key, item = str(uuid.uuid4()), sku()
     answers: dict[str, Any] = {}
-    with server_connection(server.database) as db:
-        db.set_autocommit(False)
-        with db.cursor() as cursor:
-            cursor.execute("LOCK TABLE shop_order IN EXCLUSIVE MODE")
+    with orders_held(server) as held:
         first = threading.Thread(
             target=lambda: answers.update(first=generated.create(key, item, 1)), daemon=True
         )
         first.start()
-        wait_for_insert_blocked(db, server.database)
+        held.wait_for_a_blocked_insert()
         duplicate = generated.create(key, item, 1)
         still_running = first.is_alive()
-        db.rollback()  # the first attempt goes on
     first.join(60)
 
     assert still_running
@@ -219,21 +214,3 @@ def test_duplicate_of_an_attempt_in_flight_is_409(generated, server):
     retried = generated.create(key, item, 1)
     assert (retried.status_code, retried.headers["Idempotent-Replayed"]) == (201, "true")
     assert server.orders_with_sku(item) == 1
-
-
-def wait_for_insert_blocked(db: Any, database: str, timeout: float = 30.0) -> None:
-    """Until a session of the server waits for a lock (the first attempt's order insert)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with db.cursor() as cursor:
-            # Inside a transaction, statistics views keep their first snapshot unless cleared.
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = %s AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-                [database],
-            )
-            if cursor.fetchone()[0]:
-                return
-        time.sleep(0.05)
-    raise AssertionError("the first attempt never reached the orders table")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +24,9 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 from idempotency import idempotent_function
 from idempotency.exceptions import KeyInUse
 from idempotency.http import IdempotencyOptions
+from tests.example_server import Server, example_project, gunicorn, orders_held
 from tests.factories import UserFactory
+from tests.servers import Reply
 from tests.test_concurrency import (
     JOIN_TIMEOUT,
     ORDER,
@@ -195,6 +199,43 @@ class TestConcurrentDuplicates:
         assert isinstance(outcome[0], KeyInUse), outcome
         assert waited < AT_ONCE
         assert results == [1]
+
+
+@pytest.fixture(scope="module")
+def conflicting_server(django_db_blocker: Any) -> Iterator[Server]:
+    """The example project with ``IN_FLIGHT = "conflict"`` and a long ``LOCK_TIMEOUT``."""
+    with example_project(django_db_blocker) as (database, env):
+        env = {**env, "IDEMPOTENCY_IN_FLIGHT": "conflict", "IDEMPOTENCY_LOCK_TIMEOUT": "20"}
+        with gunicorn(env) as url:
+            yield Server(url=url, database=database)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("path", ["/api/orders/", "/ninja/orders", "/ninja/async/orders"])
+def test_over_http_a_duplicate_of_an_attempt_in_flight_gets_409_at_once(conflicting_server, path):
+    server, body = conflicting_server, {"sku": f"in-flight-{uuid.uuid4().hex[:8]}", "quantity": 1}
+    key = str(uuid.uuid4())
+    answers: dict[str, Reply] = {}
+    with orders_held(server) as held:
+        first = threading.Thread(
+            target=lambda: answers.update(first=server.create_order(body, key, path=path)),
+            daemon=True,
+        )
+        first.start()
+        held.wait_for_a_blocked_insert()
+        duplicate, seconds = timed(lambda: server.create_order(body, key, path=path))
+        still_running = first.is_alive()
+    first.join(JOIN_TIMEOUT)
+
+    assert still_running
+    assert duplicate.status == 409, duplicate
+    assert duplicate.json()["code"] == "idempotency_key_in_use"
+    assert int(duplicate.headers["retry-after"]) >= 1
+    assert seconds < AT_ONCE, f"the duplicate waited {seconds:.1f} s"
+    assert answers["first"].status == 201
+    replay = server.create_order(body, key, path=path)
+    assert (replay.status, replay.replayed) == (201, True)
+    assert server.orders_with_sku(body["sku"]) == 1
 
 
 def test_the_option_is_checked():
