@@ -21,9 +21,11 @@ from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIRequestFactory, force_authenticate
 
-from idempotency import idempotent_function
+from idempotency import idempotent, idempotent_function
+from idempotency.celery import IdempotentTask
 from idempotency.exceptions import KeyInUse
-from idempotency.http import IdempotencyOptions
+from idempotency.http import IdempotencyOptions, build_operation
+from idempotency.ninja import idempotent as ninja_idempotent
 from tests.example_server import Server, example_project, gunicorn, orders_held
 from tests.factories import UserFactory
 from tests.servers import Reply
@@ -245,3 +247,32 @@ def test_the_option_is_checked():
         IdempotencyOptions(in_flight="conflict", wait_seconds=5)
     with pytest.raises(ValueError, match="in_flight should be one of"):
         idempotent_function(scope="s", key=str, in_flight="no")(lambda n: n)  # type: ignore[arg-type]
+
+
+def test_each_entry_point_passes_the_option_on(rf):
+    @idempotent(in_flight="conflict")
+    def view(request): ...
+
+    @ninja_idempotent(in_flight="conflict")
+    def operation(request): ...
+
+    class Task(IdempotentTask):
+        name = "tests.in_flight_task"
+        idempotency_key = staticmethod(lambda ref: ref)
+        idempotency_in_flight = "conflict"
+
+        def run(self, ref):
+            return ref
+
+    request = rf.post("/orders/")
+    request.user = UserFactory.build(pk=1)
+    for options in (view.idempotency_options, operation.idempotency_options):
+        assert build_operation(request, options, "k", "op").conflict_at_once
+    assert Task()._idempotency.in_flight == "conflict"
+    # Unset per view, the setting decides; set per view, the view does.
+    unset = build_operation(request, IdempotencyOptions(), "k", "op")
+    waits = build_operation(request, IdempotencyOptions(in_flight="wait"), "k", "op")
+    assert not unset.conflict_at_once
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT": "conflict"}):
+        assert unset.conflict_at_once and unset.wait_for == 0
+        assert not waits.conflict_at_once
