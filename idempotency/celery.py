@@ -16,7 +16,7 @@ from typing import Any
 from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency.core import Mode
+from idempotency.core import InFlight, Mode
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.functions import ArgsTo, CallGuard
 from idempotency.resolvers import ResolverSpec, register
@@ -38,6 +38,7 @@ class IdempotentTask(Task):
     idempotency_mode: Mode | None = None
     idempotency_lease_seconds: float | None = None
     idempotency_lock_timeout: float | None = None
+    idempotency_in_flight: InFlight | None = None
     idempotency_resolver: ResolverSpec | None = None
 
     # Celery logs an expected error at INFO, without a traceback: the
@@ -85,6 +86,7 @@ class IdempotentTask(Task):
             mode=self.idempotency_mode,
             lease_seconds=self.idempotency_lease_seconds,
             lock_timeout=self.idempotency_lock_timeout,
+            in_flight=self.idempotency_in_flight,
             resolver=_option(self, "idempotency_resolver"),
         )
 

@@ -446,6 +446,7 @@ CHECKS: list[Check] = [
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
     _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
+    _choice("IN_FLIGHT", ("wait", "conflict"), "idempotency.E032"),
     _drf_error_format,
     _lease_mode_under_atomic_requests,
     _replay_cache,

@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_TIMEOUT": 2.0,
     "RETRY_AFTER": 1,
     "WAIT_SECONDS": 0.0,
+    "IN_FLIGHT": "wait",
     "MAX_WAITERS": 8,
     "LEASE_SECONDS": 60.0,
     "MAX_RESPONSE_BYTES": 256 * 1024,
@@ -111,6 +112,10 @@ class Settings:
     @property
     def WAIT_SECONDS(self) -> float:
         return float(self._get("WAIT_SECONDS"))
+
+    @property
+    def IN_FLIGHT(self) -> str:
+        return str(self._get("IN_FLIGHT"))
 
     @property
     def MAX_WAITERS(self) -> int:

@@ -40,9 +40,25 @@ T = TypeVar("T")
 Claimed = tuple["Attempt | None", IdempotencyRecord | None]
 Mode = Literal["atomic", "lease"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
+# What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
+# row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
+# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
+InFlight = Literal["wait", "conflict"]
+IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
 
 # Outcome and StoredResponse live in idempotency.outcomes; still importable from here.
-__all__ = ["MODES", "Attempt", "Mode", "Operation", "Outcome", "StoredResponse", "execute"]
+__all__ = [
+    "IN_FLIGHT",
+    "MODES",
+    "Attempt",
+    "InFlight",
+    "check_in_flight",
+    "Mode",
+    "Operation",
+    "Outcome",
+    "StoredResponse",
+    "execute",
+]
 
 # How often a claim the database gave up (a deadlock's victim) is tried again,
 # each in a transaction of its own, before the duplicate is answered 409.
@@ -69,12 +85,21 @@ class Operation:
     # Lease mode: how long a duplicate of an in-flight attempt waits for its
     # outcome before ``KeyInUse``; None reads WAIT_SECONDS.
     wait_seconds: float | None = None
+    # None reads IN_FLIGHT.
+    in_flight: InFlight | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
 
     @property
+    def conflict_at_once(self) -> bool:
+        """A duplicate of an attempt in flight gets 409 at once: no lock wait, no waiting."""
+        return (self.in_flight or idempotency_settings.IN_FLIGHT) == "conflict"
+
+    @property
     def wait_for(self) -> float:
+        if self.conflict_at_once:
+            return 0.0
         if self.wait_seconds is not None:
             return self.wait_seconds
         return idempotency_settings.WAIT_SECONDS
@@ -86,6 +111,16 @@ class Operation:
     @cached_property
     def store(self) -> Store:
         return store_for(self.database)
+
+
+def check_in_flight(in_flight: str | None, wait_seconds: float | None) -> None:
+    """Refuse an ``in_flight`` that is not one of ``IN_FLIGHT``, or that contradicts itself."""
+    if in_flight is not None and in_flight not in IN_FLIGHT:
+        raise ValueError(f"in_flight should be one of {IN_FLIGHT}, not {in_flight!r}.")
+    if in_flight == "conflict" and wait_seconds:
+        raise ValueError(
+            "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
+        )
 
 
 def bounded_scope(scope: str) -> str:
@@ -477,6 +512,9 @@ def _lease_length(operation: Operation, seconds: float | None = None) -> timedel
 
 
 def _lock_timeout(operation: Operation) -> float:
+    """How long a claim waits on the row lock of a concurrent attempt; 0: not at all."""
+    if operation.conflict_at_once:
+        return 0.0
     if operation.lock_timeout is not None:
         return operation.lock_timeout
     return float(idempotency_settings.LOCK_TIMEOUT)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from idempotency.core import Mode
+from idempotency.core import InFlight, Mode
 from idempotency.http import AnyRequest, IdempotencyOptions, aprotect, protect
 from idempotency.resolvers import ResolverSpec, register
 
@@ -41,6 +41,7 @@ def idempotent(
     outcome_policy: Callable[..., Any] | str | None = None,
     resolver: ResolverSpec | None = None,
     wait_seconds: float | None = None,
+    in_flight: InFlight | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -63,6 +64,7 @@ def idempotent(
     outcome_policy: Callable[..., Any] | str | None = None,
     resolver: ResolverSpec | None = None,
     wait_seconds: float | None = None,
+    in_flight: InFlight | None = None,
 ) -> F | Callable[[F], F]:
     """Make a view safe to retry; ``@idempotent`` alone uses the settings.
 
@@ -85,6 +87,7 @@ def idempotent(
         outcome_policy=outcome_policy,
         resolver=resolver,
         wait_seconds=wait_seconds,
+        in_flight=in_flight,
     )
 
     def decorator(view: F) -> F:

@@ -22,7 +22,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from idempotency.conf import idempotency_settings
-from idempotency.core import Mode
+from idempotency.core import InFlight, Mode
 from idempotency.exceptions import IdempotencyError, KeyInUse
 from idempotency.http import (
     KEY_FORM_FIELD,
@@ -60,6 +60,7 @@ class IdempotentMixin:
     idempotency_lease_seconds: float | None = None
     idempotency_lock_timeout: float | None = None
     idempotency_wait_seconds: float | None = None
+    idempotency_in_flight: InFlight | None = None
     # A callable or dotted path (see idempotency.resolvers); set on the class.
     idempotency_resolver: ResolverSpec | None = None
     # Operation names ``idempotency_resolver`` is registered under for recovery.
@@ -119,6 +120,7 @@ class IdempotentMixin:
             # Read from the class: a function stored on it must not become a bound method.
             resolver=type(self).idempotency_resolver,
             wait_seconds=self.idempotency_wait_seconds,
+            in_flight=self.idempotency_in_flight,
         )
 
     def run_idempotently(

@@ -21,10 +21,12 @@ from idempotency.conf import idempotency_settings
 from idempotency.core import (
     MODES,
     Attempt,
+    InFlight,
     Mode,
     Operation,
     Outcome,
     StoredResponse,
+    check_in_flight,
     execute,
 )
 from idempotency.fingerprint import canonical, fingerprint
@@ -51,6 +53,7 @@ def idempotent_function(
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
     resolver: ResolverSpec | None = None,
+    in_flight: InFlight | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function once per (scope, key); repeats return the first result.
 
@@ -81,6 +84,7 @@ def idempotent_function(
             lease_seconds=lease_seconds,
             lock_timeout=lock_timeout,
             resolver=resolver,
+            in_flight=in_flight,
         )
 
         @wraps(func)
@@ -107,10 +111,12 @@ class CallGuard:
     lease_seconds: float | None = None
     lock_timeout: float | None = None
     resolver: ResolverSpec | None = None
+    in_flight: InFlight | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
+        check_in_flight(self.in_flight, None)
         if self.fingerprint is not None and (self.fields is not None or self.exclude):
             raise ValueError(f"{self.name}: give fingerprint, or fields/exclude, not both.")
         allowed = _argument_names(self.signature)
@@ -149,6 +155,7 @@ class CallGuard:
             lease_seconds=self.lease_seconds,
             lock_timeout=self.lock_timeout,
             resolver=self.resolver,
+            in_flight=self.in_flight,
         )
         return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
 

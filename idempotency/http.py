@@ -32,7 +32,17 @@ from idempotency.conf import (
     is_header_name,
     load_callable,
 )
-from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
+from idempotency.core import (
+    MODES,
+    Attempt,
+    InFlight,
+    Mode,
+    Operation,
+    Outcome,
+    StoredResponse,
+    check_in_flight,
+    execute,
+)
 from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
@@ -89,6 +99,7 @@ class IdempotencyOptions:
     outcome_policy: Callable[[HttpResponseBase], Status | None] | str | None = None
     resolver: ResolverSpec | None = None
     wait_seconds: float | None = None
+    in_flight: InFlight | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -100,6 +111,7 @@ class IdempotencyOptions:
             )
         if self.wait_seconds is not None and not self.wait_seconds >= 0:
             raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
+        check_in_flight(self.in_flight, self.wait_seconds)
 
 
 def protect(
@@ -227,6 +239,7 @@ def build_operation(
         lock_timeout=options.lock_timeout,
         resolver=options.resolver,
         wait_seconds=options.wait_seconds,
+        in_flight=options.in_flight,
     )
 
 

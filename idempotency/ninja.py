@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection
 from contextlib import suppress
 from contextvars import ContextVar
 from functools import partial, wraps
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
@@ -22,10 +22,11 @@ from django.http.response import HttpResponseBase
 from ninja.decorators import decorate_view
 from ninja.operation import AsyncOperation, Operation
 from ninja.utils import contribute_operation_callback
+from pydantic import BaseModel
 
 from idempotency import openapi
 from idempotency.conf import idempotency_settings
-from idempotency.core import Mode
+from idempotency.core import InFlight, Mode
 from idempotency.exceptions import IdempotencyError, RequestInvalid
 from idempotency.http import (
     SAFE_METHODS,
@@ -66,6 +67,7 @@ def idempotent(
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
     wait_seconds: float | None = None,
+    in_flight: InFlight | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]: ...
@@ -87,6 +89,7 @@ def idempotent(
     lease_seconds: float | None = None,
     lock_timeout: float | None = None,
     wait_seconds: float | None = None,
+    in_flight: InFlight | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> F | Callable[[F], F]:
@@ -107,6 +110,7 @@ def idempotent(
         lease_seconds=lease_seconds,
         lock_timeout=lock_timeout,
         wait_seconds=wait_seconds,
+        in_flight=in_flight,
         outcome_policy=outcome_policy,
         resolver=resolver,
     )
@@ -125,7 +129,8 @@ def idempotent(
         wrapper: Any = wrap(view, options, default_operation)
         _keep_signature(wrapper, view)
         wrapper.idempotency_options = options
-        contribute_operation_callback(wrapper, partial(_describe, options=options))
+        name = options.operation or default_operation
+        contribute_operation_callback(wrapper, partial(_describe, options=options, name=name))
         decorate_view(_serving)(wrapper)
         return wrapper  # type: ignore[return-value]
 
@@ -296,22 +301,87 @@ def _keep_signature(wrapper: Callable[..., Any], view: Callable[..., Any]) -> No
         wrapper.__signature__ = inspect.signature(view, eval_str=True)  # type: ignore[attr-defined]
 
 
-def _describe(operation: Operation, options: IdempotencyOptions) -> None:
-    """Adds the key header, the problem responses and the replay header to ninja's schema."""
+def _describe(operation: Operation, options: IdempotencyOptions, name: str) -> None:
+    """Adds the key header, the problem responses and the replay header to ninja's schema.
+
+    Ninja answers 400 (a body it cannot read) and 422 (its validation error) itself:
+    both bodies are documented there.
+    """
     if not any(openapi.protects(method) for method in operation.methods):
         return
     statuses = [status for status in operation.response_models if isinstance(status, int)]
-    extra: dict[str, Any] = {
-        "responses": {
-            **openapi.success_headers(statuses),
-            **openapi.error_responses(openapi.problem_schema()),
-        }
+    shared = _share_components(operation)
+    problem, validation, unreadable = (
+        [_ref(name) for name in _DEFINITIONS]
+        if shared
+        else [definition() for definition in _DEFINITIONS.values()]
+    )
+    framework = {
+        400: (unreadable, "django-ninja could not read the request (`HttpError`)."),
+        422: (
+            validation,
+            "the request did not pass django-ninja's validation (`ValidationError`).",
+        ),
     }
-    parameter = openapi.key_parameter(options)
+    errors = openapi.error_responses(problem, framework)
+    for status in set(errors) & set(statuses):
+        # The operation documents this status itself: its body stays, the problem is added.
+        errors[status] = {
+            "content": {openapi.PROBLEM_MEDIA_TYPE: {"schema": problem}},
+            **({"headers": errors[status]["headers"]} if "headers" in errors[status] else {}),
+        }
+    extra: dict[str, Any] = {"responses": {**openapi.success_headers(statuses), **errors}}
+    parameter = openapi.key_parameter(options, name)
     if parameter is not None:
         extra["parameters"] = [parameter]
     _merge(extra, operation.openapi_extra or {})
     operation.openapi_extra = extra
+
+
+# The components a protected operation refers to: the problem, then ninja's own errors.
+_DEFINITIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    openapi.PROBLEM_COMPONENT: openapi.problem_schema,
+    openapi.VALIDATION_COMPONENT: openapi.ninja_validation_error_schema,
+    openapi.HTTP_ERROR_COMPONENT: openapi.ninja_http_error_schema,
+}
+
+
+def _ref(component: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{component}"}
+
+
+def _share_components(operation: Operation) -> bool:
+    """Put ``IdempotencyProblem`` and ninja's errors among the schema's components.
+
+    An operation's ``openapi_extra`` cannot add components, but its response
+    models' JSON schemas can (ninja moves their ``$defs`` there): one of them is
+    given a subclass that validates the same and adds the definitions. False
+    when the operation has no response model (the schemas are then inline).
+    """
+    for status, model in operation.response_models.items():
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            operation.response_models[status] = _with_definitions(model)
+            return True
+    return False
+
+
+def _with_definitions(model: type[BaseModel]) -> type[BaseModel]:
+    if getattr(model, "_idempotency_definitions", False):
+        return model
+
+    class Described(model):  # type: ignore[valid-type,misc]
+        _idempotency_definitions: ClassVar[bool] = True
+
+        @classmethod
+        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            schema = super().model_json_schema(*args, **kwargs)
+            definitions = schema.setdefault("$defs", {})
+            for name, definition in _DEFINITIONS.items():
+                definitions.setdefault(name, definition())
+            return schema
+
+    Described.__name__ = Described.__qualname__ = model.__name__
+    return Described
 
 
 def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:

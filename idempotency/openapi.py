@@ -1,22 +1,31 @@
 """OpenAPI fragments that describe a protected operation, for any schema generator.
 
 Plain dicts (OpenAPI 3.0 and 3.1 alike), shared by the drf-spectacular and the
-django-ninja integrations: the key header, the problem responses with their
-codes, ``Retry-After`` on 409 and ``Idempotent-Replayed`` on 2xx.
+django-ninja integrations: the key header with the operation's expiry policy,
+the problem responses with their codes, ``Retry-After`` on 409 and
+``Idempotent-Replayed`` on 2xx. A status the framework answers too (DRF's 400
+and ninja's 422 validation errors) documents both bodies as ``oneOf``
+alternatives, so a generated client parses either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from idempotency.conf import idempotency_settings
 from idempotency.http import REPLAYED_HEADER, SAFE_METHODS, IdempotencyOptions
+from idempotency.models import Status
+from idempotency.retention import retention_for
 
 Schema = dict[str, Any]
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+JSON_MEDIA_TYPE = "application/json"
 PROBLEM_COMPONENT = "IdempotencyProblem"
+VALIDATION_COMPONENT = "ValidationError"
+HTTP_ERROR_COMPONENT = "HttpError"
 
 # The stable codes each status can carry, in the order the docs list them.
 ERROR_CODES: dict[int, tuple[str, ...]] = {
@@ -49,13 +58,78 @@ def problem_schema() -> Schema:
     }
 
 
+def drf_validation_error_schema() -> Schema:
+    """The body of DRF's own 400: a serializer's errors, or ``detail`` for an unparsable body.
+
+    Its values are never numbers, a problem's ``status`` always is: a body is one or the other.
+    """
+    return {
+        "type": "object",
+        "description": "Django REST framework's validation error: for each field that failed, "
+        "its messages (`non_field_errors` for the whole body; an object for a nested one), "
+        "or `detail` for a body that could not be parsed.",
+        "additionalProperties": {
+            "oneOf": [
+                {"type": "array", "items": {}},
+                {"type": "string"},
+                {"type": "object"},
+            ]
+        },
+    }
+
+
+def ninja_validation_error_schema() -> Schema:
+    """The body of django-ninja's own 422: one entry per invalid input, under ``detail``."""
+    return {
+        "type": "object",
+        "description": "django-ninja's validation error: one entry per input that failed, "
+        "with where it is (`loc`), a message (`msg`) and pydantic's error type (`type`).",
+        "properties": {
+            "detail": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"type": "string"},
+                        "loc": {
+                            "type": "array",
+                            "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                        },
+                        "msg": {"type": "string"},
+                    },
+                    "required": ["type", "loc", "msg"],
+                },
+            }
+        },
+        "required": ["detail"],
+    }
+
+
+def ninja_http_error_schema() -> Schema:
+    """The body of django-ninja's ``HttpError``: its 400 for a body it cannot read, for one.
+
+    Nothing but ``detail``: a problem, which has ``detail`` too, is never one.
+    """
+    return {
+        "type": "object",
+        "description": "django-ninja's error for a request it could not read (`HttpError`).",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+        "additionalProperties": False,
+    }
+
+
 def protects(method: str) -> bool:
     """Whether a protected view runs ``method`` through the protocol (safe methods never do)."""
     return method.upper() not in SAFE_METHODS
 
 
-def key_parameter(options: IdempotencyOptions) -> Schema | None:
-    """The key header, or ``None`` when the view reads its key elsewhere (``key=``)."""
+def key_parameter(options: IdempotencyOptions, operation: str) -> Schema | None:
+    """The key header, or ``None`` when the view reads its key elsewhere (``key=``).
+
+    ``operation`` is the name its records are kept under: its retention windows
+    are the expiry policy the description publishes.
+    """
     if options.key is not None:
         return None
     required = (
@@ -67,7 +141,8 @@ def key_parameter(options: IdempotencyOptions) -> Schema | None:
         "required": required,
         "description": (
             "A unique value the client generates for one intent and sends again, unchanged, "
-            "with every retry of it: repeats get the first attempt's response."
+            "with every retry of it: repeats get the first attempt's response. "
+            + expiry_policy(options.operation or operation)
         ),
         "schema": {
             "type": "string",
@@ -77,15 +152,54 @@ def key_parameter(options: IdempotencyOptions) -> Schema | None:
     }
 
 
-def error_responses(problem: Schema) -> dict[int, Schema]:
-    """The 400, 409 and 422 responses; ``problem`` is the body schema or a ``$ref`` to it."""
+def expiry_policy(operation: str) -> str:
+    """How long a key is remembered, from the operation's retention windows."""
+    succeeded = retention_for(operation, Status.SUCCEEDED)
+    final = retention_for(operation, Status.FAILED_FINAL)
+    if succeeded == final:
+        kept = f"for {_duration(succeeded)} after it was recorded"
+    else:
+        kept = (
+            f"for {_duration(succeeded)} after a success and "
+            f"{_duration(final)} after a final failure"
+        )
+    return (
+        f"Keys expire: the first response is replayed {kept}; after that the key is "
+        "forgotten and a request with it is a new request."
+    )
+
+
+def _duration(window: timedelta | None) -> str:
+    if window is None:
+        return "as long as an operator keeps it (no expiry)"
+    seconds = int(window.total_seconds())
+    for unit, length in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= length and seconds % length == 0:
+            count = seconds // length
+            return f"{count} {unit}{'s' if count != 1 else ''} ({seconds} s)"
+    return f"{seconds} seconds"
+
+
+def error_responses(
+    problem: Schema, framework: dict[int, tuple[Schema, str]] | None = None
+) -> dict[int, Schema]:
+    """The 400, 409 and 422 responses; ``problem`` is the body schema or a ``$ref`` to it.
+
+    ``framework`` maps a status the framework answers too to its own body's schema
+    and a description: that status gets both bodies as ``oneOf`` alternatives,
+    under both media types (a generated client reads one schema per response).
+    """
     responses = {}
     for status, codes in ERROR_CODES.items():
         listed = ", ".join(f"`{code}`" for code in codes)
-        response: Schema = {
-            "description": f"{_ERROR_DESCRIPTIONS[status]} Codes: {listed}.",
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": problem}},
-        }
+        description = f"{_ERROR_DESCRIPTIONS[status]} Codes: {listed}."
+        content: Schema = {PROBLEM_MEDIA_TYPE: {"schema": problem}}
+        if framework and status in framework:
+            other, explained = framework[status]
+            description = f"{description} Or {explained}"
+            either = {"oneOf": [problem, other]}
+            content = {PROBLEM_MEDIA_TYPE: {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
+        response: Schema = {"description": description, "content": content}
         if status == 409:
             response["headers"] = {"Retry-After": retry_after_header()}
         responses[status] = response

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -251,3 +252,44 @@ def in_parallel(count: int, call: Callable[[], Reply]) -> list[Reply]:
 
     with ThreadPoolExecutor(max_workers=count) as pool:
         return list(pool.map(one, range(count), timeout=TIMEOUT * 3))
+
+
+class HeldTable:
+    """A transaction of the test's own holding a table lock on the server's database."""
+
+    def __init__(self, db: BaseDatabaseWrapper, database: str) -> None:
+        self.db, self.database = db, database
+
+    def wait_for_a_blocked_insert(self, timeout: float = 30.0) -> None:
+        """Until a session of the server waits for a lock (an attempt's order insert)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.db.cursor() as cursor:
+                # Inside a transaction, statistics views keep their first snapshot unless cleared.
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = %s AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+                    [self.database],
+                )
+                if cursor.fetchone()[0]:
+                    return
+            time.sleep(0.05)
+        raise AssertionError("no attempt reached the orders table")
+
+
+@contextmanager
+def orders_held(server: Server) -> Iterator[HeldTable]:
+    """PostgreSQL: inserts into ``shop_order`` wait until the block ends.
+
+    An attempt that claimed its key then stays in flight, holding its record's row
+    lock, for as long as the test needs: its duplicates meet a real in-flight attempt.
+    """
+    with server_connection(server.database) as db:
+        db.set_autocommit(False)
+        with db.cursor() as cursor:
+            cursor.execute("LOCK TABLE shop_order IN EXCLUSIVE MODE")
+        try:
+            yield HeldTable(db, server.database)
+        finally:
+            db.rollback()

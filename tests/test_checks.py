@@ -64,6 +64,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E029", {"REPLAY_CACHE": 1}),
     ("idempotency.E030", {"MAX_BODY_DEPTH": 0}),
     ("idempotency.E030", {"MAX_BODY_DEPTH": "100"}),
+    ("idempotency.E032", {"IN_FLIGHT": "409"}),
+    ("idempotency.E032", {"IN_FLIGHT": True}),
 ]
 
 

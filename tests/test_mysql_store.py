@@ -59,6 +59,13 @@ def test_lock_wait_is_whole_seconds_rounded_up(seconds, whole):
     assert lock_wait_seconds(seconds) == whole
 
 
+def test_no_lock_wait_is_zero_on_mariadb_only():
+    # MariaDB fails a lock wait at once with 0; MySQL's lowest value is 1.
+    assert lock_wait_seconds(0, mariadb=True) == 0
+    assert lock_wait_seconds(0.3, mariadb=True) == 1
+    assert lock_wait_seconds(0, mariadb=False) == 1
+
+
 @pytest.mark.parametrize(
     ("code", "meaning"), [(1205, "busy"), (3572, "busy"), (1213, "retry"), (1062, None)]
 )

@@ -8,6 +8,7 @@ import subprocess
 from datetime import timedelta
 from typing import Any
 
+import jsonschema
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -291,10 +292,63 @@ class TestOpenAPI:
         assert "$ref" in responses["201"]["content"]["application/json"]["schema"]
         assert "Retry-After" in responses["409"]["headers"]
         for status, code in [("400", "idempotency_key_missing"), ("422", "idempotency_key_reused")]:
-            content = responses[status]["content"]["application/problem+json"]
-            assert code in content["schema"]["properties"]["code"]["description"]
             assert code in responses[status]["description"]
         assert operation["description"] == "Creates an order of the caller."
+
+    def test_one_problem_component_and_ninjas_422_beside_it(self):
+        generated = schema()
+        responses = generated["paths"]["/orders"]["post"]["responses"]
+        problem = {"$ref": "#/components/schemas/IdempotencyProblem"}
+        either = {"oneOf": [problem, {"$ref": "#/components/schemas/ValidationError"}]}
+
+        unreadable = {"oneOf": [problem, {"$ref": "#/components/schemas/HttpError"}]}
+
+        assert responses["409"]["content"] == {"application/problem+json": {"schema": problem}}
+        # Ninja answers 422 (its validation error) and 400 (a body it cannot read) itself.
+        for status, alternatives in [("422", either), ("400", unreadable)]:
+            assert responses[status]["content"] == {
+                "application/problem+json": {"schema": alternatives},
+                "application/json": {"schema": alternatives},
+            }
+        components = generated["components"]["schemas"]
+        assert (
+            "idempotency_key_reused"
+            in components["IdempotencyProblem"]["properties"]["code"]["description"]
+        )
+        assert components["ValidationError"]["required"] == ["detail"]
+        # Defined once, referred to everywhere: no inline copy in any operation.
+        assert '"code": {' not in json.dumps(generated["paths"])
+
+    def test_ninjas_validation_error_matches_its_schema(self, client, auth):
+        response = post(client, "/orders", {"sku": "book", "quantity": "many"}, auth)
+        components = schema()["components"]["schemas"]
+        either = {"oneOf": [components["IdempotencyProblem"], components["ValidationError"]]}
+
+        assert response.status_code == 422
+        jsonschema.validate(response.json(), either)
+        assert isinstance(response.json()["detail"], list)
+
+    def test_ninjas_unreadable_body_matches_its_schema(self, client, auth):
+        response = client.post(
+            "/ninja/orders",
+            b"\xff\xfe",
+            content_type="application/json",
+            headers={**auth, "Idempotency-Key": "k-unreadable"},
+        )
+        components = schema()["components"]["schemas"]
+        either = {"oneOf": [components["IdempotencyProblem"], components["HttpError"]]}
+
+        assert response.status_code == 400
+        jsonschema.validate(response.json(), either)
+        missing = post(client, "/orders", ORDER, auth, key=None)
+        jsonschema.validate(missing.json(), either)  # the problem is the other alternative
+
+    def test_key_header_publishes_the_expiry_policy(self):
+        (header,) = [
+            p for p in schema()["paths"]["/orders"]["post"]["parameters"] if p["in"] == "header"
+        ]
+        assert "Keys expire" in header["description"]
+        assert "1 day (86400 s)" in header["description"]
 
     def test_header_follows_the_options(self):
         paths = schema()["paths"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import jsonschema
 import pytest
 from django.conf import settings
 from django.test import override_settings
@@ -130,11 +131,74 @@ def test_problem_responses_carry_their_codes_and_retry_after(schema):
         ("422", "idempotency_key_reused"),
     ]:
         content = responses[status]["content"]["application/problem+json"]
-        assert content["schema"] == {"$ref": "#/components/schemas/IdempotencyProblem"}
+        assert PROBLEM in content["schema"].get("oneOf", [content["schema"]])
         assert code in responses[status]["description"]
         assert code in problem["properties"]["code"]["description"]
     assert responses["409"]["headers"]["Retry-After"]["schema"]["type"] == "integer"
     assert "application/json" in responses["201"]["content"]
+
+
+PROBLEM = {"$ref": "#/components/schemas/IdempotencyProblem"}
+VALIDATION_ERROR = {"$ref": "#/components/schemas/ValidationError"}
+
+
+def test_drfs_own_400_is_documented_beside_the_problem(schema):
+    # DRF answers 400 itself (a serializer's errors, a body it cannot parse), as
+    # application/json; the idempotency problem is application/problem+json.
+    response = schema["paths"]["/orders/"]["post"]["responses"]["400"]
+    either = {"oneOf": [PROBLEM, VALIDATION_ERROR]}
+
+    assert response["content"] == {
+        "application/problem+json": {"schema": either},
+        "application/json": {"schema": either},
+    }
+    assert "ValidationError" in response["description"]
+    validation = schema["components"]["schemas"]["ValidationError"]
+    assert "non_field_errors" in validation["description"]
+
+
+def test_the_problem_and_the_validation_error_tell_bodies_apart(schema):
+    # ``oneOf``: every body the server sends matches exactly one alternative.
+    components = schema["components"]["schemas"]
+    either = {"oneOf": [components["IdempotencyProblem"], components["ValidationError"]]}
+    problem = {
+        "type": "urn:idempotency:error:idempotency_key_missing",
+        "title": "Idempotency key missing",
+        "status": 400,
+        "detail": "Send an Idempotency-Key header.",
+        "code": "idempotency_key_missing",
+    }
+    for body in [
+        problem,
+        {"quantity": ["Ensure this value is greater than or equal to 1."]},
+        {"non_field_errors": ["Invalid data."], "items": [{}, {"sku": ["Required."]}]},
+        {"address": {"city": ["This field is required."]}},
+        {"detail": "JSON parse error - Expecting value: line 1 column 1 (char 0)"},
+    ]:
+        jsonschema.validate(body, either)
+
+
+def test_only_protected_statuses_get_the_problem(schema):
+    responses = schema["paths"]["/orders/"]["post"]["responses"]
+    assert responses["409"]["content"] == {"application/problem+json": {"schema": PROBLEM}}
+    assert responses["422"]["content"] == {"application/problem+json": {"schema": PROBLEM}}
+
+
+def test_the_key_header_publishes_the_expiry_policy():
+    with override_settings(
+        IDEMPOTENCY={
+            "RETENTION": {"SUCCEEDED": 7200, "FAILED_FINAL": 7200},
+            "OPERATION_RETENTION": {"tests.testapp.schema_views.transfer": {"SUCCEEDED": 600}},
+        }
+    ):
+        schema = generate()
+
+    paths = schema["paths"]
+    (orders,) = key_headers(paths["/orders/"]["post"])
+    (transfers,) = key_headers(paths["/transfers/"]["post"])
+    assert "replayed for 2 hours (7200 s) after it was recorded" in orders["description"]
+    assert "10 minutes (600 s) after a success" in transfers["description"]
+    assert "2 hours (7200 s) after a final failure" in transfers["description"]
 
 
 def test_settings_decide_the_header_name_length_and_requirement():

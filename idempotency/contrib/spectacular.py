@@ -21,7 +21,7 @@ from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 
 from idempotency import openapi
-from idempotency.drf import IdempotentCreateMixin, IdempotentMixin
+from idempotency.drf import IdempotentCreateMixin, IdempotentMixin, _operation_name
 from idempotency.http import IdempotencyOptions
 
 Operation = dict[str, Any]
@@ -44,24 +44,25 @@ class IdempotencySchemaMixin:
         operation: Operation | None = super().get_operation(  # type: ignore[misc]
             path, path_regex, path_prefix, method, registry
         )
-        options = protection(self.view, method) if operation is not None else None
-        if operation is None or options is None:
+        protected = protection(self.view, method) if operation is not None else None
+        if operation is None or protected is None:
             return operation
-        return describe(operation, options, registry)
+        return describe(operation, *protected, registry)
 
 
 class AutoSchema(IdempotencySchemaMixin, SpectacularAutoSchema):
     pass
 
 
-def protection(view: Any, method: str) -> IdempotencyOptions | None:
-    """The options ``view`` protects ``method`` with, or ``None`` if it does not."""
+def protection(view: Any, method: str) -> tuple[IdempotencyOptions, str] | None:
+    """The options ``view`` protects ``method`` with and its operation name, or ``None``."""
     if not openapi.protects(method):
         return None
-    action = getattr(view, "action", None)
-    if isinstance(view, IdempotentCreateMixin) and (action or method.lower()) in ("create", "post"):
-        return _mixin_options(view)
-    return _marked_options(getattr(view, action or method.lower(), None))
+    action = getattr(view, "action", None) or method.lower()
+    if isinstance(view, IdempotentCreateMixin) and action in ("create", "post"):
+        name = view.idempotency_operation or _operation_name(type(view), action)
+        return _mixin_options(view), name
+    return _marked(getattr(view, action, None))
 
 
 def _mixin_options(view: IdempotentMixin) -> IdempotencyOptions:
@@ -70,30 +71,27 @@ def _mixin_options(view: IdempotentMixin) -> IdempotencyOptions:
     return IdempotencyOptions(header=view.idempotency_header, required=view.idempotency_required)
 
 
-def _marked_options(handler: Any) -> IdempotencyOptions | None:
-    options = getattr(handler, "idempotency_options", None)
-    if options is not None:
-        return options  # type: ignore[no-any-return]
+def _marked(handler: Any) -> tuple[IdempotencyOptions, str] | None:
+    """The options ``@idempotent`` left on ``handler``, and the operation it names by default."""
     # ``@api_view`` serves the function through a handler that closes over it.
     function = getattr(handler, "__func__", handler)
-    for cell in getattr(function, "__closure__", None) or ():
-        options = getattr(cell.cell_contents, "idempotency_options", None)
+    cells = [cell.cell_contents for cell in getattr(function, "__closure__", None) or ()]
+    for candidate in (handler, *cells):
+        options = getattr(candidate, "idempotency_options", None)
         if isinstance(options, IdempotencyOptions):
-            return options
+            # ``functools.wraps`` gave the wrapper the view's own module and name.
+            return options, f"{candidate.__module__}.{candidate.__qualname__}"
     return None
 
 
 def describe(
-    operation: Operation, options: IdempotencyOptions, registry: ComponentRegistry
+    operation: Operation, options: IdempotencyOptions, name: str, registry: ComponentRegistry
 ) -> Operation:
-    problem = ResolvedComponent(
-        name=openapi.PROBLEM_COMPONENT,
-        type=ResolvedComponent.SCHEMA,
-        object=openapi.PROBLEM_COMPONENT,
-        schema=openapi.problem_schema(),
+    problem = _component(registry, openapi.PROBLEM_COMPONENT, openapi.problem_schema())
+    validation = _component(
+        registry, openapi.VALIDATION_COMPONENT, openapi.drf_validation_error_schema()
     )
-    registry.register_on_missing(problem)
-    parameter = openapi.key_parameter(options)
+    parameter = openapi.key_parameter(options, name)
     # A header the view already declares (``@extend_schema(parameters=...)``) is kept as is.
     declared = {(p["name"].lower(), p["in"]) for p in operation.get("parameters", [])}
     if parameter is not None and (parameter["name"].lower(), "header") not in declared:
@@ -101,10 +99,27 @@ def describe(
     responses = operation.setdefault("responses", {})
     for status, extra in openapi.success_headers(list(responses)).items():
         responses[status].setdefault("headers", {}).update(extra["headers"])
-    for status, response in openapi.error_responses(problem.ref).items():
-        existing = responses.setdefault(str(status), {"description": response["description"]})
-        existing.setdefault("content", {}).update(response["content"])
+    # DRF answers 400 itself (validation, a body it cannot parse): both bodies are documented.
+    framework = {
+        400: (validation, "the request did not pass DRF's validation (`ValidationError`).")
+    }
+    for status, response in openapi.error_responses(problem, framework).items():
+        existing = responses.get(str(status))
+        if existing is None:
+            responses[str(status)] = response
+            continue
+        # The view documents this status itself: its bodies stay, the problem is added.
+        content = existing.setdefault("content", {})
+        content.setdefault(openapi.PROBLEM_MEDIA_TYPE, {"schema": problem})
         existing.setdefault("headers", {}).update(response.get("headers", {}))
         if not existing["headers"]:
             del existing["headers"]
     return operation
+
+
+def _component(registry: ComponentRegistry, name: str, schema: dict[str, Any]) -> dict[str, str]:
+    component = ResolvedComponent(
+        name=name, type=ResolvedComponent.SCHEMA, object=name, schema=schema
+    )
+    registry.register_on_missing(component)
+    return component.ref  # type: ignore[no-any-return]

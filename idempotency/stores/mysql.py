@@ -14,8 +14,10 @@ lock) for writers that do not take the turn.
 
 The wait is bounded by ``innodb_lock_wait_timeout`` (whole seconds), set for
 the claim and put back afterwards; past it the statement fails with 1205 and
-the duplicate answers 409. A deadlock that still happens (at REPEATABLE READ,
-whose locking reads lock gaps too) is 1213, after which InnoDB has rolled back
+the duplicate answers 409. With ``IN_FLIGHT = "conflict"`` the bound is 0 on
+MariaDB (the locking read and ``GET_LOCK`` fail at once), 1 s on MySQL. A
+deadlock that still happens (at REPEATABLE READ, whose locking reads lock gaps
+too) is 1213, after which InnoDB has rolled back
 the whole transaction: ``core`` claims again in a new one where it opened the
 transaction, and answers 409 inside the caller's.
 
@@ -114,7 +116,7 @@ class MySQLStore(GenericStore):
             cursor.execute(
                 "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
                 "SESSION innodb_lock_wait_timeout = %s",
-                [lock_wait_seconds(seconds)],
+                [lock_wait_seconds(seconds, mariadb=self._mariadb)],
             )
         try:
             yield
@@ -136,6 +138,10 @@ class MySQLStore(GenericStore):
             return "busy"
         return "retry" if code in _RETRY else None
 
+    @property
+    def _mariadb(self) -> bool:
+        return bool(getattr(self.connection, "mysql_is_mariadb", False))
+
     # Composed once per alias.
 
     @cached_property
@@ -156,6 +162,12 @@ class MySQLStore(GenericStore):
         )
 
 
-def lock_wait_seconds(seconds: float) -> int:
-    """``innodb_lock_wait_timeout`` takes whole seconds, at least one: round up."""
+def lock_wait_seconds(seconds: float, *, mariadb: bool = False) -> int:
+    """``innodb_lock_wait_timeout`` takes whole seconds: round up.
+
+    No wait at all (``IN_FLIGHT = "conflict"``) is 0, which MariaDB takes as "fail at
+    once"; MySQL's lowest value is 1.
+    """
+    if seconds <= 0 and mariadb:
+        return 0
     return max(1, math.ceil(seconds))

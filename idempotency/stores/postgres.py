@@ -299,6 +299,7 @@ def _field(name: str) -> Field[Any, Any]:
 
 
 def _milliseconds(seconds: float) -> str:
+    # 0 would turn lock_timeout off (wait forever): no wait at all is 1 ms.
     return f"{max(1, int(seconds * 1000))}ms"
 
 
