@@ -23,10 +23,30 @@ echo "== tests on SQLite, Django 4.2 LTS"
 VENV=.venv-django42 DJANGO_SPEC="django>=4.2,<5.0" bash scripts/bootstrap.sh
 env -u DATABASE_URL .venv-django42/bin/python -m pytest -m "$SQLITE_TESTS" -q "$@"
 PG_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency}
+# The topology passes at the end run their own markers, once each.
+PG_TESTS="not mariadb and not pgbouncer and not replica and not topology"
 echo "== tests on PostgreSQL"
-DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -m "not mariadb" "$@"
+DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -m "$PG_TESTS" "$@"
 echo "== tests on PostgreSQL, prepared statements (server-side binding, prepare_threshold 0)"
-DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 "$PY" -m pytest -m "not mariadb" -q "$@"
+DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 "$PY" -m pytest -m "$PG_TESTS" -q "$@"
 MARIADB_URL=${MARIADB_DATABASE_URL:-mysql://root@127.0.0.1:3306/idempotency}
 echo "== tests on MariaDB"
 DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 "$PY" -m pytest -m "not postgres" -q "$@"
+
+# ---- Production topology (issue 17): PgBouncer, a streaming replica, several servers.
+# Each is one lean pass; the main PostgreSQL passes above leave their markers out.
+echo "== tests through PgBouncer (transaction pooling): concurrency, transactions, HTTP, Celery; atomic and lease mode"
+PGB_PORT=${PGBOUNCER_PORT:-6432}
+PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh start
+trap 'PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop' EXIT
+PGB_URL=$(echo "$PG_URL" | sed -E "s#@([^:/]+)(:[0-9]+)?/#@127.0.0.1:$PGB_PORT/#")
+PGB_TEST_DB=test_idempotency_pgbouncer
+# --reuse-db: PgBouncer keeps server connections to the test database, so it is
+# created through it but dropped directly, with FORCE, afterwards.
+PGBOUNCER=1 DATABASE_URL=$PGB_URL TEST_DATABASE_NAME=$PGB_TEST_DB REQUIRE_POSTGRES=1 \
+  "$PY" -m pytest -q --reuse-db -p no:cacheprovider -m "not session and not mariadb" \
+  tests/test_pgbouncer.py tests/test_concurrency.py tests/test_lease.py tests/test_waiting.py \
+  tests/test_claim_statement.py tests/test_example_http.py tests/test_example_ninja_http.py \
+  tests/test_async.py tests/test_celery.py "$@"
+PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop
+psql "${PG_URL%/*}/postgres" -qc "DROP DATABASE IF EXISTS $PGB_TEST_DB WITH (FORCE)"

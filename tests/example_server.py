@@ -160,6 +160,8 @@ def _environment(database: str) -> dict[str, str]:
         PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
         PYTHONUNBUFFERED="1",
     )
+    if os.environ.get("PGBOUNCER"):  # the test database is behind scripts/pgbouncer.sh
+        env["DATABASE_TRANSACTION_POOLING"] = "True"
     return env
 
 

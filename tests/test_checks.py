@@ -59,6 +59,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E027", {"MAX_WAITERS": 2.5}),
     ("idempotency.E029", {"REPLAY_CACHE": "no-such-cache"}),
     ("idempotency.E029", {"REPLAY_CACHE": 1}),
+    ("idempotency.E030", {"TRANSACTION_POOLING": "transaction"}),
 ]
 
 
@@ -185,3 +186,41 @@ def test_unknown_key_hint_lists_valid_keys():
         (message,) = [m for m in run_checks() if m.id == "idempotency.E002"]
     assert "LOCK_TIMOUT" in message.msg
     assert "LOCK_TIMEOUT" in message.hint
+
+
+def pooling_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id in ("idempotency.W003", "idempotency.W004")]
+
+
+def test_transaction_pooling_without_disabled_server_side_cursors_is_warned(monkeypatch):
+    monkeypatch.delitem(settings.DATABASES["default"], "DISABLE_SERVER_SIDE_CURSORS", raising=False)
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": True}):
+        (message,) = pooling_warnings()
+    assert message.id == "idempotency.W003"
+    assert "DISABLE_SERVER_SIDE_CURSORS'] = True" in message.hint
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": False}):
+        assert pooling_warnings() == []
+
+
+def test_prepared_statements_behind_a_transaction_pooler_are_warned(monkeypatch):
+    default = settings.DATABASES["default"]
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", True)  # pooled, inferred
+    monkeypatch.setitem(default, "OPTIONS", {"server_side_binding": True, "prepare_threshold": 0})
+    (message,) = pooling_warnings()
+    assert message.id == "idempotency.W004"
+    assert "max_prepared_statements" in message.hint
+    # Without server-side binding nothing is prepared.
+    monkeypatch.setitem(default, "OPTIONS", {"prepare_threshold": 0})
+    assert pooling_warnings() == []
+
+
+def test_transaction_pooling_is_inferred_from_disabled_server_side_cursors(monkeypatch):
+    from idempotency.stores import transaction_pooled
+
+    default = settings.DATABASES["default"]
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", False)
+    assert not transaction_pooled("default")
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", True)
+    assert transaction_pooled("default")
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": False}):
+        assert not transaction_pooled("default")
