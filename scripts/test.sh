@@ -50,3 +50,5 @@ PGBOUNCER=1 DATABASE_URL=$PGB_URL TEST_DATABASE_NAME=$PGB_TEST_DB REQUIRE_POSTGR
   tests/test_async.py tests/test_celery.py "$@"
 PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop
 psql "${PG_URL%/*}/postgres" -qc "DROP DATABASE IF EXISTS $PGB_TEST_DB WITH (FORCE)"
+echo "== tests against a streaming replica (a private primary and a hot standby 3 s behind)"
+bash scripts/replica.sh test "$@"

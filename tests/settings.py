@@ -63,6 +63,13 @@ if os.environ.get("PGBOUNCER"):
     # what Django asks of a connection behind such a pooler, which also tells the
     # idempotency app not to LISTEN there (docs/databases.md, "Behind PgBouncer").
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("REPLICA_URL"):
+    # The replica pass (scripts/replica.sh): a hot standby of DATABASE_URL's server,
+    # a few seconds behind, that a router sends reads to. Its test database is the
+    # primary's, streamed (MIRROR), not one of its own.
+    DATABASES["replica"] = env.db("REPLICA_URL")
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["tests.routers.PrimaryReplicaRouter"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # Full Unicode, the session clock in UTC like the stored datetimes, and Django's
     # default isolation level said out loud (docs/databases.md).
