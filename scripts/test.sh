@@ -52,3 +52,5 @@ PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop
 psql "${PG_URL%/*}/postgres" -qc "DROP DATABASE IF EXISTS $PGB_TEST_DB WITH (FORCE)"
 echo "== tests against a streaming replica (a private primary and a hot standby 3 s behind)"
 bash scripts/replica.sh test "$@"
+echo "== several servers and workers on one database: 3 gunicorn instances (one killed), 2 Celery workers and beat"
+DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/test_topology.py "$@"
