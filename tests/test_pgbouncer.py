@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -29,6 +28,8 @@ def behind_pgbouncer() -> None:
     """Fail, never skip, unless the test database is behind PgBouncer in transaction mode."""
     if not os.environ.get("PGBOUNCER"):
         pytest.fail("run it through scripts/pgbouncer.sh with PGBOUNCER=1 (scripts/test.sh does)")
+    import psycopg  # the PostgreSQL driver: not installed where only SQLite runs
+
     settings = connection.settings_dict
     # Its console (the pseudo-database "pgbouncer") speaks only SHOW and friends:
     # psycopg itself, not a Django connection, which sets its time zone first.
