@@ -198,3 +198,28 @@ def test_the_admin_lists_and_resolves_records_the_replica_does_not_have_yet():
     assert on_primary(pk=stuck.pk, status=Status.SUCCEEDED) == 1
     logged = LogEntry.objects.filter(action_flag=CHANGE, object_id__in=[review.pk, stuck.pk])
     assert logged.count() == 2
+
+
+@override_settings(
+    IDEMPOTENCY={"REPLAY_CACHE": "replays"},
+    CACHES={
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replays": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    },
+)
+def test_a_record_read_from_the_replica_is_forgotten_under_the_records_database():
+    from django.core.cache import caches
+
+    from idempotency import replay_cache
+
+    record = IdempotencyRecordFactory(succeeded=True, idem_key="cached-1")
+    deadline = time.monotonic() + 30
+    while on_replica(pk=record.pk) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    read = IdempotencyRecord.objects.get(pk=record.pk)  # from the replica
+    assert read._state.db == "replica"
+    replay_cache.forget_records([read])
+    # Requests cache under the records' database: that is the entry to forget.
+    entry = caches["replays"].get(replay_cache.cache_key(PRIMARY, record.scope, record.idem_key))
+    assert entry == {"forgotten": True}
