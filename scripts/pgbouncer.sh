@@ -2,7 +2,8 @@
 # A private PgBouncer in transaction pooling mode in front of the machine's PostgreSQL,
 # for the suite's pass through a pooler (docs/databases.md, "Behind PgBouncer").
 #
-#   scripts/pgbouncer.sh start   # listens on 127.0.0.1:$PGBOUNCER_PORT (6432)
+#   scripts/pgbouncer.sh start   # listens on 127.0.0.1:$PGBOUNCER_PORT (6433: not the
+#                                # port of a system pgbouncer, 6432)
 #   scripts/pgbouncer.sh stop
 #
 # Its configuration, pid file and log live in $PGBOUNCER_DIR (a directory of its own
@@ -10,7 +11,7 @@
 # touched. Every database of the server behind it is reachable by name, trust auth.
 # As root it runs as the postgres user (PgBouncer refuses to run as root).
 set -euo pipefail
-PORT=${PGBOUNCER_PORT:-6432}
+PORT=${PGBOUNCER_PORT:-6433}
 DIR=${PGBOUNCER_DIR:-/tmp/idempotency-pgbouncer-$PORT}
 PG_HOST=${PGBOUNCER_TARGET_HOST:-127.0.0.1}
 PG_PORT=${PGBOUNCER_TARGET_PORT:-5432}

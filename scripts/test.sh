@@ -36,7 +36,7 @@ DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 "$PY" -m pytest -m "not postgres" -q
 # ---- Production topology (issue 17): PgBouncer, a streaming replica, several servers.
 # Each is one lean pass; the main PostgreSQL passes above leave their markers out.
 echo "== tests through PgBouncer (transaction pooling): concurrency, transactions, HTTP, Celery; atomic and lease mode"
-PGB_PORT=${PGBOUNCER_PORT:-6432}
+PGB_PORT=${PGBOUNCER_PORT:-6433}
 PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh start
 trap 'PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop' EXIT
 PGB_URL=$(echo "$PG_URL" | sed -E "s#@([^:/]+)(:[0-9]+)?/#@127.0.0.1:$PGB_PORT/#")
