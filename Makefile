@@ -1,4 +1,4 @@
-.PHONY: example test lint
+.PHONY: example test lint replica
 
 # Run the example project (SQLite unless DATABASE_URL is set) on ADDR, default
 # 127.0.0.1:8000: `make example PORT=8080` or `make example ADDR=0.0.0.0:8000`.
@@ -14,3 +14,8 @@ test:
 lint:
 	bash scripts/bootstrap.sh
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+# The replica tests alone: a private primary and a lagging hot standby, started and
+# stopped around them (scripts/replica.sh; scripts/test.sh runs it once).
+replica:
+	bash scripts/replica.sh test

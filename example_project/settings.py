@@ -28,6 +28,9 @@ if env.list("PASSWORD_HASHERS", default=[]):
     PASSWORD_HASHERS = env.list("PASSWORD_HASHERS")
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+# Behind PgBouncer in transaction pooling mode (docs/databases.md, "Behind PgBouncer").
+if env.bool("DATABASE_TRANSACTION_POOLING", default=False):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # MariaDB/MySQL: full Unicode (Django 4.2 connects as 3-byte "utf8"), the session clock
     # in UTC like the datetimes Django stores; Django's default isolation level, READ

@@ -38,6 +38,7 @@ from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import SKIPPED, resolve_record
 from idempotency.resolvers import resolver_for
+from idempotency.stores import records_database
 from idempotency.transitions import can_transition, transition
 
 # Statuses a person must resolve; deleting them would invite a blind re-run.
@@ -267,8 +268,11 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         return request.user.has_perm(f"{opts.app_label}.{codename}")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
+        # From the records' database, where writes go: never a replica a router reads
+        # from, whose lag would show a finished record as stuck and act on it.
         # Bodies can be large: the detail page loads them on demand.
-        return super().get_queryset(request).defer("response_body")
+        records = super().get_queryset(request).using(records_database())
+        return records.defer("response_body")
 
     # -- columns and readable fields
 
@@ -429,7 +433,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 refused.append(f"{record}: {NOT_RESOLVABLE}")
                 continue
             outcomes[outcome] += 1
-            record.refresh_from_db()
+            record.refresh_from_db(using=records_database(record=record))
             self.log_change(
                 request,
                 record,
@@ -492,7 +496,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 gettext("a %(status)s record cannot become %(target)s: %(rule)s")
                 % {"status": record.status, "target": target, "rule": NOT_RESOLVABLE}
             )
-        return transition(record, target, resource_id=resource_id)
+        return transition(record, target, resource_id=resource_id, using=record._state.db)
 
     @staticmethod
     def _change_message(before: IdempotencyRecord, after: IdempotencyRecord) -> str:

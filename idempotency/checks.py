@@ -421,6 +421,51 @@ def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
     return []
 
 
+def _transaction_pooling(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("TRANSACTION_POOLING")
+    if value is not None and not isinstance(value, bool):
+        return [
+            Error(
+                f"IDEMPOTENCY['TRANSACTION_POOLING'] should be True, False or None, not {value!r}.",
+                hint="None (the default) infers it from DATABASES[alias]"
+                "['DISABLE_SERVER_SIDE_CURSORS'] of the records' database.",
+                id="idempotency.E033",
+            )
+        ]
+    alias = user.get("DATABASE") or router.db_for_write(IdempotencyRecord) or DEFAULT_DB_ALIAS
+    database = settings.DATABASES.get(alias, {})
+    cursors_disabled = bool(database.get("DISABLE_SERVER_SIDE_CURSORS"))
+    pooled = cursors_disabled if value is None else value
+    if not pooled:
+        return []
+    messages: list[CheckMessage] = []
+    if not cursors_disabled:
+        messages.append(
+            Warning(
+                f"IDEMPOTENCY['TRANSACTION_POOLING'] is True but DATABASES[{alias!r}]"
+                "['DISABLE_SERVER_SIDE_CURSORS'] is not: behind a pooler in transaction mode, "
+                "QuerySet.iterator() would open a cursor on a server connection the next "
+                "transaction may not get.",
+                hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True.",
+                id="idempotency.W005",
+            )
+        )
+    options = database.get("OPTIONS") or {}
+    if options.get("server_side_binding") is True and options.get("prepare_threshold") is not None:
+        messages.append(
+            Warning(
+                f"DATABASES[{alias!r}] prepares statements (server_side_binding with "
+                f"prepare_threshold {options['prepare_threshold']!r}) behind a pooler in "
+                "transaction mode: a statement prepared on one server connection is unknown "
+                "to the next.",
+                hint="Remove prepare_threshold from OPTIONS (Django's default: nothing is "
+                "prepared), or run PgBouncer 1.21 or later with max_prepared_statements > 0.",
+                id="idempotency.W006",
+            )
+        )
+    return messages
+
+
 CHECKS: list[Check] = [
     _unknown_keys,
     _header,
@@ -451,6 +496,7 @@ CHECKS: list[Check] = [
     _lease_mode_under_atomic_requests,
     _replay_cache,
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
+    _transaction_pooling,
 ]
 
 

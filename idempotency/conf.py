@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "OUTCOME_POLICY": "idempotency.http.default_outcome_policy",
     "ERROR_FORMAT": "problem",
     "DATABASE": None,
+    "TRANSACTION_POOLING": None,
     "RESOLVERS": {},
     "MAX_RESOLVE_ATTEMPTS": 5,
     "RESOLVE_RETRY_SECONDS": 60.0,
@@ -158,6 +159,11 @@ class Settings:
     def DATABASE(self) -> str | None:
         value = self._get("DATABASE")
         return None if value is None else str(value)
+
+    @property
+    def TRANSACTION_POOLING(self) -> bool | None:
+        value = self._get("TRANSACTION_POOLING")
+        return None if value is None else bool(value)
 
     @property
     def RESOLVERS(self) -> dict[str, str]:

@@ -58,7 +58,7 @@ def resolve_record(record: IdempotencyRecord) -> str:
     ``NEEDS_REVIEW`` record (an operator asking again). Anything else, or a
     record another worker holds right now, is ``"skipped"``.
     """
-    database = record._state.db or records_database()
+    database = records_database(record=record)
     with transaction.atomic(using=database):
         locked = (
             _eligible(IdempotencyRecord.objects.using(database))
@@ -131,6 +131,8 @@ def decide(record: IdempotencyRecord, resolution: Resolution | None) -> str:
 def _apply(
     record: IdempotencyRecord, outcome: str, resolution: Resolution | None
 ) -> IdempotencyRecord:
+    # The caller locked ``record`` on the records' database: its writes go there too.
+    database = record._state.db
     if outcome == SUCCEEDED:
         assert resolution is not None
         return transition(
@@ -138,15 +140,16 @@ def _apply(
             Status.SUCCEEDED,
             resource_id=resolution.resource_id,
             response=resolution.response,
+            using=database,
             recovery_attempt=True,
         )
     if outcome == RELEASED:
-        return transition(record, Status.FAILED_RETRYABLE, recovery_attempt=True)
+        return transition(record, Status.FAILED_RETRYABLE, using=database, recovery_attempt=True)
     if outcome == NEEDS_REVIEW:
-        return transition(record, Status.NEEDS_REVIEW, recovery_attempt=True)
+        return transition(record, Status.NEEDS_REVIEW, using=database, recovery_attempt=True)
     if record.status == Status.PROCESSING:
         # Unknown: look again after a pause rather than at every request or pass.
-        return postpone(record, idempotency_settings.RESOLVE_RETRY_SECONDS)
+        return postpone(record, idempotency_settings.RESOLVE_RETRY_SECONDS, using=database)
     return record
 
 

@@ -35,6 +35,7 @@ from django.db import transaction
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import REPLAYABLE, IdempotencyRecord
+from idempotency.stores import records_database
 
 if TYPE_CHECKING:
     from idempotency.outcomes import Outcome
@@ -157,7 +158,9 @@ def _by_database(
 ) -> dict[str, list[tuple[str, str]]]:
     grouped: dict[str, list[tuple[str, str]]] = {}
     for record in records:
-        database = using or record._state.db or "default"
+        # The alias the entry was cached under: the records' database, even for a
+        # record read from a replica through a router.
+        database = records_database(using, record=record)
         grouped.setdefault(database, []).append((record.scope, record.idem_key))
     return grouped
 

@@ -18,6 +18,7 @@ from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import StoredResponse
 from idempotency.retention import retention_for
+from idempotency.stores import records_database
 
 # Transitions made outside a request: by recovery or by an operator.
 # (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to core.claim.)
@@ -77,14 +78,15 @@ def transition(
             response_headers=[list(pair) for pair in response.headers],
             response_body=response.body,
         )
-    records = IdempotencyRecord.objects.using(using or record._state.db)
+    database = records_database(using, record=record)
+    records = IdempotencyRecord.objects.using(database)
     if not records.filter(guard).update(**values):
         raise TransitionNotAllowed(
             "The record changed meanwhile (or its lease is still live); reload it and retry."
         )
     moved = records.get(pk=record.pk)
     # Nothing caches the states a transition leaves; the tombstone keeps it so.
-    replay_cache.forget_records([moved])
+    replay_cache.forget_records([moved], database)
     return moved
 
 
@@ -103,7 +105,7 @@ def postpone(
     guard = Q(pk=record.pk, status=record.status, version=record.version) & (
         Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
     )
-    records = IdempotencyRecord.objects.using(using or record._state.db)
+    records = IdempotencyRecord.objects.using(records_database(using, record=record))
     updated = records.filter(guard).update(
         lease_until=Now() + timedelta(seconds=seconds),
         recovery_attempts=F("recovery_attempts") + 1,

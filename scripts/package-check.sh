@@ -55,7 +55,7 @@ if "$vpy" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
   echo "== the sdist's suite against the installed wheel, on PostgreSQL with prepared statements (server-side binding, prepare_threshold 0), $versions"
   DATABASE_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency} \
     TEST_DATABASE_NAME=test_idempotency_newest REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 \
-    "$vpy" -m pytest -q -p no:cacheprovider -m "not mariadb" "$@"
+    "$vpy" -m pytest -q -p no:cacheprovider -m "${PG_TESTS:-not mariadb}" "$@"
 else
   echo "== no Python 3.12+ on this machine: Django 6.x not tested here (5.2 ran above)"
 fi

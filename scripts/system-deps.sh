@@ -3,11 +3,13 @@
 #   browser: Chromium and its driver for the browser test (browser downloads by test tools
 #            do not work on these machines, so we use the distribution's build);
 #   mysql:   the MariaDB client library and pkg-config, which mysqlclient (the `mysql`
-#            extra) is built against.
-# Usage: system-deps.sh [browser] [mysql]   (no argument: both)
+#            extra) is built against;
+#   pgbouncer: Debian's PgBouncer, for the pass through a pooler in transaction mode
+#            (scripts/pgbouncer.sh runs a private one; the system service stays off).
+# Usage: system-deps.sh [browser] [mysql] [pgbouncer]   (no argument: all three)
 set -euo pipefail
 missing=()
-for need in "${@:-browser mysql}"; do
+for need in "${@:-browser mysql pgbouncer}"; do
   for name in $need; do
     case "$name" in
       browser)
@@ -17,6 +19,9 @@ for need in "${@:-browser mysql}"; do
       mysql)
         dpkg -s libmariadb-dev >/dev/null 2>&1 || missing+=(libmariadb-dev)
         command -v pkg-config >/dev/null || missing+=(pkg-config)
+        ;;
+      pgbouncer)
+        [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
         ;;
       *) echo "unknown system dependency group $name" >&2; exit 2 ;;
     esac

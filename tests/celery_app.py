@@ -29,3 +29,23 @@ app.conf.update(
 if os.environ.get("IDEMPOTENCY_TEST_BEAT_EVERY"):
     every = float(os.environ["IDEMPOTENCY_TEST_BEAT_EVERY"])
     app.conf.beat_schedule = beat_schedule(recover_every=every, purge_every=every)
+
+if os.environ.get("IDEMPOTENCY_TEST_LEDGER"):
+    # tests/test_topology.py: each worker appends what it recovered and purged, one
+    # line each (appends of a line are atomic), for the test to count.
+    from idempotency import signals
+
+    LEDGER = os.environ["IDEMPOTENCY_TEST_LEDGER"]
+
+    def _write(line: str) -> None:
+        with open(LEDGER, "a") as ledger:
+            ledger.write(f"{line} {os.getpid()}\n")
+
+    def _recovered(sender: object, record: object, **kwargs: object) -> None:
+        _write(f"recovered {record.pk}")  # type: ignore[attr-defined]
+
+    def _purged(sender: object, count: int = 0, **kwargs: object) -> None:
+        _write(f"purged {count}")
+
+    signals.record_recovered.connect(_recovered, weak=False)
+    signals.records_purged.connect(_purged, weak=False)

@@ -1,5 +1,6 @@
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,7 +70,14 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         environment = process_env(
             IDEMPOTENCY_TEST_BROKER=BROKER, IDEMPOTENCY_TEST_QUEUE=queue, **env
         )
-        started.append((start(command, environment, log=log), log))
+        process = start(command, environment, log=log)
+        started.append((process, log))
+        # Until it has bound its queue: a task sent before that has no route and is lost.
+        deadline = time.monotonic() + 60
+        while " ready." not in log.read_text(errors="replace"):
+            assert process.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the worker never got ready"
+            time.sleep(0.1)
         return queue
 
     yield launch

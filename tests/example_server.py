@@ -161,6 +161,8 @@ def _environment(database: str) -> dict[str, str]:
         PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
         PYTHONUNBUFFERED="1",
     )
+    if os.environ.get("PGBOUNCER"):  # the test database is behind scripts/pgbouncer.sh
+        env["DATABASE_TRANSACTION_POOLING"] = "True"
     return env
 
 
@@ -185,6 +187,13 @@ def _create_users_code() -> str:
 @contextmanager
 def gunicorn(env: dict[str, str]) -> Iterator[str]:
     """Serves the example project (WSGI, several workers) for the ``with`` block."""
+    with gunicorn_instance(env) as (url, _process):
+        yield url
+
+
+@contextmanager
+def gunicorn_instance(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``gunicorn``, and its master process: its own process group, which a test may kill."""
     port = free_port()
     command = [
         *(sys.executable, "-m", "gunicorn", "example_project.wsgi:application"),
@@ -192,8 +201,8 @@ def gunicorn(env: dict[str, str]) -> Iterator[str]:
         *("--timeout", "30", "--graceful-timeout", "5"),
         *_no_control_socket(),
     ]
-    with _serving(command, env, port, "gunicorn") as url:
-        yield url
+    with _serving(command, env, port, "gunicorn") as served:
+        yield served
 
 
 @contextmanager
@@ -204,19 +213,28 @@ def uvicorn(env: dict[str, str]) -> Iterator[str]:
         *(sys.executable, "-m", "uvicorn", "example_project.asgi:application"),
         *("--host", "127.0.0.1", "--port", str(port), "--no-access-log"),
     ]
-    with _serving(command, env, port, "uvicorn") as url:
+    with _serving(command, env, port, "uvicorn") as (url, _process):
         yield url
 
 
 @contextmanager
-def _serving(command: list[str], env: dict[str, str], port: int, name: str) -> Iterator[str]:
+def _serving(
+    command: list[str], env: dict[str, str], port: int, name: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Runs ``command`` until the block ends; always stops it and prints its log."""
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its workers with it, in a group of their own
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             wait_until_up(process, url + "/", name)
-            yield url
+            yield url, process
         finally:
             _stop(process)
             log.seek(0)

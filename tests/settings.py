@@ -58,6 +58,18 @@ if os.environ.get("PREPARED_STATEMENTS") and "postgresql" in DATABASES["default"
     # The suite's second PostgreSQL run: psycopg 3 binds server-side and prepares
     # every statement at once, Django's and this app's (see docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+if os.environ.get("PGBOUNCER"):
+    # The pass through PgBouncer in transaction pooling mode (scripts/pgbouncer.sh):
+    # what Django asks of a connection behind such a pooler, which also tells the
+    # idempotency app not to LISTEN there (docs/databases.md, "Behind PgBouncer").
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("REPLICA_URL"):
+    # The replica pass (scripts/replica.sh): a hot standby of DATABASE_URL's server,
+    # a few seconds behind, that a router sends reads to. Its test database is the
+    # primary's, streamed (MIRROR), not one of its own.
+    DATABASES["replica"] = env.db("REPLICA_URL")
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["tests.routers.PrimaryReplicaRouter"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # Full Unicode, the session clock in UTC like the stored datetimes, and Django's
     # default isolation level said out loud (docs/databases.md).

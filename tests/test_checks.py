@@ -66,6 +66,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E030", {"MAX_BODY_DEPTH": "100"}),
     ("idempotency.E032", {"IN_FLIGHT": "409"}),
     ("idempotency.E032", {"IN_FLIGHT": True}),
+    ("idempotency.E033", {"TRANSACTION_POOLING": "transaction"}),
 ]
 
 
@@ -247,3 +248,41 @@ def test_other_databases_have_no_session_clock_to_check():
     # PostgreSQL and SQLite store timestamps with their zone, or in UTC.
     assert GenericStore("default").clock_offset() is None
     assert PostgresStore("default").clock_offset() is None
+
+
+def pooling_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id in ("idempotency.W005", "idempotency.W006")]
+
+
+def test_transaction_pooling_without_disabled_server_side_cursors_is_warned(monkeypatch):
+    monkeypatch.delitem(settings.DATABASES["default"], "DISABLE_SERVER_SIDE_CURSORS", raising=False)
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": True}):
+        (message,) = pooling_warnings()
+    assert message.id == "idempotency.W005"
+    assert "DISABLE_SERVER_SIDE_CURSORS'] = True" in message.hint
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": False}):
+        assert pooling_warnings() == []
+
+
+def test_prepared_statements_behind_a_transaction_pooler_are_warned(monkeypatch):
+    default = settings.DATABASES["default"]
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", True)  # pooled, inferred
+    monkeypatch.setitem(default, "OPTIONS", {"server_side_binding": True, "prepare_threshold": 0})
+    (message,) = pooling_warnings()
+    assert message.id == "idempotency.W006"
+    assert "max_prepared_statements" in message.hint
+    # Without server-side binding nothing is prepared.
+    monkeypatch.setitem(default, "OPTIONS", {"prepare_threshold": 0})
+    assert pooling_warnings() == []
+
+
+def test_transaction_pooling_is_inferred_from_disabled_server_side_cursors(monkeypatch):
+    from idempotency.stores import transaction_pooled
+
+    default = settings.DATABASES["default"]
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", False)
+    assert not transaction_pooled("default")
+    monkeypatch.setitem(default, "DISABLE_SERVER_SIDE_CURSORS", True)
+    assert transaction_pooled("default")
+    with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": False}):
+        assert not transaction_pooled("default")

@@ -192,6 +192,7 @@ def our_prepared_statements() -> list[str]:
         return [row[0] for row in cursor.fetchall() if IdempotencyRecord._meta.db_table in row[0]]
 
 
+@pytest.mark.session
 @pytest.mark.parametrize("mode", ["atomic", "lease"])
 def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own_session, mode):
     own_session(**PREPARING)  # as a deployment turns preparing on
@@ -207,6 +208,7 @@ def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own
     assert IdempotencyRecord.objects.filter(status=Status.SUCCEEDED).count() == 2
 
 
+@pytest.mark.session
 def test_with_djangos_default_nothing_is_prepared(own_session):
     own_session()  # Django's default: client-side binding, for poolers that drop them
     run(operation())

@@ -176,6 +176,7 @@ class TestWaitingForTheOutcome:
         assert first.status == 201
         assert orders("wait-3") == 1
 
+    @pytest.mark.session
     def test_waiting_duplicate_holds_no_transaction_and_no_lock(self, alice):
         first_thread, first = send(alice, WAITING_URL, "wait-4", **{"X-Sleep": "3"})
         until(lambda: in_flight("wait-4"))

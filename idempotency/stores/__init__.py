@@ -16,10 +16,18 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
-from idempotency.stores.base import Candidate, Contention, Store
+from idempotency.stores.base import Candidate, Contention, Store, transaction_pooled
 from idempotency.stores.generic import GenericStore
 
-__all__ = ["Candidate", "Contention", "GenericStore", "Store", "records_database", "store_for"]
+__all__ = [
+    "Candidate",
+    "Contention",
+    "GenericStore",
+    "Store",
+    "records_database",
+    "store_for",
+    "transaction_pooled",
+]
 
 # A vendor's own store, by ``connection.vendor``; any other database gets GenericStore.
 VENDOR_STORES = {
@@ -28,12 +36,19 @@ VENDOR_STORES = {
 }
 
 
-def records_database(using: str | None = None) -> str:
-    """The alias holding the records: ``using``, else ``DATABASE``, else the router's choice."""
+def records_database(using: str | None = None, *, record: IdempotencyRecord | None = None) -> str:
+    """The alias holding the records: ``using``, else ``DATABASE``, else the router's choice.
+
+    Always the alias writes go to (``router.db_for_write``), never the one a
+    router sends reads to: every read of the protocol decides something (claim,
+    replay, wait, recovery, purge, an operator's action), and a replica that
+    lags would answer with a state the primary has already left. With
+    ``record`` and no router, the database ``record`` was read from.
+    """
     return (
         using
         or idempotency_settings.DATABASE
-        or router.db_for_write(IdempotencyRecord)
+        or router.db_for_write(IdempotencyRecord, instance=record)
         or DEFAULT_DB_ALIAS
     )
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 
 # What a database error met while claiming means (``Store.contention``):
@@ -81,6 +82,21 @@ class Candidate:
             owner_token=self.owner_token,
             status=Status.PROCESSING,
         )
+
+
+def transaction_pooled(alias: str) -> bool:
+    """Whether ``alias`` reaches its database through a pooler in transaction mode (PgBouncer).
+
+    ``TRANSACTION_POOLING`` says so; left at ``None``, the alias' own
+    ``DISABLE_SERVER_SIDE_CURSORS`` does (what Django asks of a connection
+    behind such a pooler). Each transaction may then run on another server
+    connection: nothing that outlives a transaction (``LISTEN``, a session
+    setting) may be relied on.
+    """
+    pooling = idempotency_settings.TRANSACTION_POOLING
+    if pooling is not None:
+        return pooling
+    return bool(connections[alias].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
 
 
 class Store(ABC):

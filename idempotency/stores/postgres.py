@@ -23,7 +23,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
-from idempotency.stores.base import Candidate, Contention
+from idempotency.stores.base import Candidate, Contention, transaction_pooled
 from idempotency.stores.generic import GenericStore
 from idempotency.waiting import pauses
 
@@ -111,7 +111,15 @@ class PostgresStore(GenericStore):
         after 1, 2, 4, 4... seconds. ``UNLISTEN`` afterwards: the connection
         may be persistent or pooled, and goes to the next request listening
         to nothing.
+
+        Behind a pooler in transaction mode (``transaction_pooled``) it polls
+        instead, as ``GenericStore`` does: there the ``LISTEN`` would stay on
+        whichever server connection ran it, go on to other clients, and no
+        notification would reach this one.
         """
+        if transaction_pooled(self.alias):
+            super().wait_for_outcome(scope, key, seconds)
+            return
         connection = self.connection
         connection.ensure_connection()
         raw: Any = connection.connection
