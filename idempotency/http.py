@@ -22,14 +22,23 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
-from django.db import connections
+from django.db import connections, transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
-from idempotency.core import MODES, Attempt, Mode, Operation, Outcome, StoredResponse, execute
-from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
+from idempotency.core import (
+    MODES,
+    Attempt,
+    Mode,
+    Operation,
+    Outcome,
+    StoredResponse,
+    database_unavailable,
+    execute,
+)
+from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, KeyMissing, ScopeUnavailable
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
@@ -63,6 +72,7 @@ _ERROR_STATUS = {
     "idempotency_key_in_use": 409,
     "idempotency_lease_lost": 409,
     "idempotency_key_reused": 422,
+    "database_unavailable": 503,
 }
 
 
@@ -122,6 +132,8 @@ def protect(
             ),
             replay=replay_response,
         )
+    except OUTAGE_ERRORS as exc:  # first: a DatabaseUnavailable is one too
+        return outage_response(request, exc)
     except IdempotencyError as error:
         return error_response(request, error)
     if isinstance(result, _ClientError):
@@ -386,6 +398,25 @@ def replay_response(record: IdempotencyRecord) -> HttpResponse:
     return response
 
 
+def outage_response(request: AnyRequest, error: Exception) -> HttpResponseBase:
+    """The 503 answer to a database that failed under a protected request.
+
+    ``error`` is the database's exception (or the protocol's ``DatabaseUnavailable``),
+    raised by the protocol, the view, or what the framework ran before the view
+    (DRF's or ninja's authentication). Logged once, by the ``database_unavailable``
+    signal. A transaction still open around the request (``ATOMIC_REQUESTS``) is
+    marked for rollback: nothing of a request answered 503 may commit.
+    """
+    unavailable = database_unavailable(error)
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            transaction.set_rollback(True, using=connection.alias)
+    response = error_response(request, unavailable)
+    # Django's ``django.request`` logger would log this 5xx a second time.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
 def error_response(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
     name = idempotency_settings.ERROR_FORMAT
     for adapter in adapters():
@@ -411,8 +442,9 @@ def problem_response(error: IdempotencyError) -> HttpResponse:
     response = HttpResponse(
         json.dumps(body), status=status, content_type="application/problem+json"
     )
-    if isinstance(error, KeyInUse):
-        response["Retry-After"] = str(error.retry_after)
+    retry_after = getattr(error, "retry_after", None)  # KeyInUse, DatabaseUnavailable
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 

@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from functools import partial, wraps
 from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -26,8 +27,14 @@ from ninja.utils import contribute_operation_callback
 from idempotency import openapi
 from idempotency.conf import idempotency_settings
 from idempotency.core import Mode
-from idempotency.exceptions import IdempotencyError
-from idempotency.http import IdempotencyOptions, aprotect, default_scope, protect
+from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError
+from idempotency.http import (
+    IdempotencyOptions,
+    aprotect,
+    default_scope,
+    outage_response,
+    protect,
+)
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -186,8 +193,8 @@ def _client_error(operation: Operation, request: HttpRequest, exc: Exception) ->
     Protocol errors and 5xx propagate: the first are answered by ``protect``,
     the second leave a lease-mode record retryable, as any failure does.
     """
-    if isinstance(exc, IdempotencyError):
-        raise exc
+    if isinstance(exc, (IdempotencyError, *OUTAGE_ERRORS)):
+        raise exc  # an outage: answered 503 by ``protect``, never rendered as ninja's 500
     response = operation.api.on_exception(request, exc)  # re-raises what ninja does not handle
     if response.status_code >= 500:
         raise exc
@@ -209,6 +216,8 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
             token = _CURRENT.set(operation)
             try:
                 return await run(request, *args, **kwargs)
+            except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+                return await sync_to_async(outage_response)(request, exc)
             finally:
                 _CURRENT.reset(token)
 
@@ -219,6 +228,8 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
         token = _CURRENT.set(operation)
         try:
             return run(request, *args, **kwargs)
+        except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+            return outage_response(request, exc)
         finally:
             _CURRENT.reset(token)
 
