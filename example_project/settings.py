@@ -100,6 +100,9 @@ REST_FRAMEWORK = {
     ],
     # drf-spectacular's, plus the idempotency header and responses of protected operations.
     "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
+    # A database outage in any DRF view, its authentication included, is a 503 with
+    # Retry-After (docs/databases.md), not Django's HTML error page.
+    "EXCEPTION_HANDLER": "idempotency.drf.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -123,3 +126,14 @@ PAYMENT_WEBHOOK_SECRET = env.str("PAYMENT_WEBHOOK_SECRET", default="dev-webhook-
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 # Task results (IdempotentTask duplicates answer with the first result): the same Redis.
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
+
+# Errors to the console (gunicorn's log): without it Django mails them to ADMINS only.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+        "idempotency": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    },
+}

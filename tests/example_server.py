@@ -115,6 +115,17 @@ def example_project(django_db_blocker: Any) -> Iterator[tuple[str, dict[str, str
             _drop_database(database)
 
 
+def prepare_example(url: str) -> dict[str, str]:
+    """Migrates the (empty) database at ``url``, adds the demo users; the server's env.
+
+    For a database server of a test's own (a private PostgreSQL cluster).
+    """
+    env = {**_environment("unused"), "DATABASE_URL": url}
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "shell", "-c", _create_users_code())
+    return env
+
+
 @contextmanager
 def server_connection(name: str | None) -> Iterator[BaseDatabaseWrapper]:
     """A connection of its own to database ``name`` on the test database's server
