@@ -110,7 +110,9 @@ def example_project(django_db_blocker: Any) -> Iterator[tuple[str, dict[str, str
         try:
             _manage(env, "migrate", "--noinput", "-v", "0")
             _manage(env, "shell", "-c", _create_users_code())
-            yield database, env
+            with tempfile.TemporaryDirectory(prefix="example-static-") as static:
+                collect_static(env, Path(static))
+                yield database, env
         finally:
             _drop_database(database)
 
@@ -124,6 +126,15 @@ def prepare_example(url: str) -> dict[str, str]:
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "shell", "-c", _create_users_code())
     return env
+
+
+def collect_static(env: dict[str, str], root: Path) -> None:
+    """``collectstatic`` into ``root``, set as the server's ``STATIC_ROOT`` in ``env``.
+
+    As deployed: with DEBUG off, WhiteNoise serves what was collected, nothing else.
+    """
+    env["STATIC_ROOT"] = str(root)
+    _manage(env, "collectstatic", "--noinput", "-v", "0")
 
 
 @contextmanager
