@@ -11,6 +11,8 @@ class IdempotencyConfig(AppConfig):
         from idempotency import (
             checks,  # noqa: F401  (registers the system checks)
             logs,
+            tracing,
         )
 
         logs.connect()
+        tracing.connect()

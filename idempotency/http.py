@@ -27,6 +27,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
+from idempotency import tracing
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
 from idempotency.core import (
     MODES,
@@ -115,23 +116,17 @@ def protect(
     """
     if _django_request(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
+    name = options.operation or default_operation
     try:
-        key = read_key(request, options)
-        if key is None:
+        with tracing.span(name, options.mode or idempotency_settings.MODE):
+            key = read_key(request, options)
+            if key is None:
+                tracing.unkeyed()
+                result: HttpResponseBase | _ClientError | None = None
+            else:
+                result = _execute(request, view, options, key, name)
+        if result is None:
             return view()
-        operation = build_operation(request, options, key, options.operation or default_operation)
-        if operation.mode == "lease":
-            refuse_request_transaction(request, operation)
-        result = execute(
-            operation,
-            lambda attempt: _run_view(request, attempt, view),
-            decide=lambda result, attempt: (
-                None
-                if isinstance(result, _ClientError)
-                else decide_outcome(request, result, attempt, options)
-            ),
-            replay=replay_response,
-        )
     except OUTAGE_ERRORS as exc:  # first: a DatabaseUnavailable is one too
         return outage_response(request, exc)
     except IdempotencyError as error:
@@ -139,6 +134,24 @@ def protect(
     if isinstance(result, _ClientError):
         raise result.exception  # the framework renders it, as without the decorator
     return result
+
+
+def _execute(
+    request: AnyRequest, view: ViewCall, options: IdempotencyOptions, key: str, name: str
+) -> HttpResponseBase | _ClientError:
+    operation = build_operation(request, options, key, name)
+    if operation.mode == "lease":
+        refuse_request_transaction(request, operation)
+    return execute(
+        operation,
+        lambda attempt: _run_view(request, attempt, view),
+        decide=lambda result, attempt: (
+            None
+            if isinstance(result, _ClientError)
+            else decide_outcome(request, result, attempt, options)
+        ),
+        replay=replay_response,
+    )
 
 
 async def aprotect(
