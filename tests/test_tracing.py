@@ -21,9 +21,18 @@ from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.processes import process_env, python
 
 EXPORTER = InMemorySpanExporter()
-_provider = TracerProvider()
-_provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-trace.set_tracer_provider(_provider)
+
+
+def _export_to_memory() -> None:
+    # The global provider can be set once per process: join one set before (a docs page's).
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+
+
+_export_to_memory()
 
 ORDER = {"sku": "traced", "quantity": 1}
 
