@@ -64,7 +64,7 @@ def assert_unavailable(response):
     assert body["status"] == 503
 
 
-@pytest.mark.parametrize("broken_at", ["before", "after"])
+@pytest.mark.parametrize("broken_at", ["before", "after", "timeout-after"])
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
 def test_every_adapter_answers_503_and_rolls_back(post, adapter, broken_at):
     failed = post(ADAPTERS[adapter], "k-outage", broken_at)

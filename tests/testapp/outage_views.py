@@ -2,8 +2,10 @@
 
 ``X-Break: auth`` kills the connection in authentication (DRF's or ninja's, which
 run before the protected code), ``X-Break: before`` before the view's write and
-``X-Break: after`` after it. The connection is killed by the database server
-itself (``pg_terminate_backend`` / ``KILL CONNECTION``): the failing statement is real.
+``X-Break: after`` after it; ``X-Break: timeout-after`` runs a statement past its
+timeout after the write (the connection survives that one). The connection is
+killed by the database server itself (``pg_terminate_backend`` / ``KILL CONNECTION``):
+the failing statement is real.
 """
 
 from __future__ import annotations
@@ -41,9 +43,21 @@ def kill_own_connection() -> None:
             cursor.execute("KILL CONNECTION CONNECTION_ID()")
 
 
+def time_out() -> None:
+    """A statement that runs past its timeout: the database cancels it (the connection lives)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL statement_timeout = 50")
+            cursor.execute("SELECT pg_sleep(2)")
+        else:
+            cursor.execute("SET STATEMENT max_statement_time = 0.05 FOR SELECT SLEEP(2)")
+
+
 def _break_at(request: HttpRequest | Request, point: str) -> None:
     if request.headers.get("X-Break") == point:
         kill_own_connection()
+    elif request.headers.get("X-Break") == f"timeout-{point}":
+        time_out()
 
 
 class BreakingAuthentication(SessionAuthentication):
