@@ -18,7 +18,12 @@ from tests.celery_app import app
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
-from tests.testapp.tasks import place_order, place_order_atomic, place_order_impatiently
+from tests.testapp.tasks import (
+    place_order,
+    place_order_atomic,
+    place_order_impatiently,
+    place_order_through_an_outage,
+)
 
 
 @pytest.mark.django_db
@@ -74,6 +79,18 @@ def test_a_key_in_use_is_retried_at_most_max_retries_times():
     assert result.state == "FAILURE"
     assert isinstance(result.result, KeyInUse)
     assert not Order.objects.exists()
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_database_outage_is_retried_and_makes_one_order():
+    owner = UserFactory()
+    result = place_order_through_an_outage.apply(kwargs={"ref": "o-outage", "owner_id": owner.pk})
+
+    # The first run's write rolled back with its claim; the retry made the one order.
+    assert result.state == "SUCCESS", result.result
+    assert result.get() == {"order": Order.objects.get().pk, "quantity": 1, "retries": 1}
+    assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
 
 
 def test_expected_failures_keep_the_reused_key():

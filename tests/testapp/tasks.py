@@ -14,6 +14,7 @@ from idempotency.celery import IdempotentTask
 
 from .lease_views import sku_for
 from .models import Order
+from .outage_views import kill_own_connection
 
 LEASE_SECONDS = 5
 
@@ -61,3 +62,17 @@ def place_order_impatiently(
     self: IdempotentTask, ref: str, owner_id: int, quantity: int, seconds: float = 0
 ) -> dict[str, int]:
     return {**_place(ref, owner_id, quantity, seconds), "retries": self.request.retries}
+
+
+@shared_task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    max_retries=3,
+)
+def place_order_through_an_outage(self: IdempotentTask, ref: str, owner_id: int) -> dict[str, int]:
+    """Its first run's connection is killed by the database after the write."""
+    placed = _place(ref, owner_id, 1, 0)
+    if self.request.retries == 0:
+        kill_own_connection()
+    return {**placed, "retries": self.request.retries}
