@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from ninja import NinjaAPI
 from ninja.decorators import decorate_view
 from ninja.operation import AsyncOperation, Operation
 from ninja.utils import contribute_operation_callback
@@ -98,6 +99,23 @@ def idempotent(
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+def answer_outages(api: NinjaAPI) -> None:
+    """Make every operation of ``api`` answer a database outage with 503 and Retry-After.
+
+    Protected operations do so by themselves; this covers the others (lists, reads)
+    and their authentication.
+    """
+    for error in OUTAGE_ERRORS:
+        api.add_exception_handler(error, _outage_handler)
+
+
+def _outage_handler(request: HttpRequest, exc: Exception | type[Exception]) -> HttpResponse:
+    assert isinstance(exc, Exception)  # ninja passes the exception raised
+    response = outage_response(request, exc)
+    assert isinstance(response, HttpResponse)  # a problem, or DRF's rendered Response
+    return response
 
 
 def auth_scope(request: HttpRequest, operation: str) -> str:

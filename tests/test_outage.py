@@ -88,6 +88,21 @@ def test_an_outage_in_authentication_is_a_503_too(post, adapter):
     assert post(ADAPTERS[adapter], "k-auth").status_code == 201
 
 
+def test_unprotected_reads_answer_503_with_the_handlers(client, user):
+    # Reads are not protected: the DRF mixin's views and ninja's answer_outages answer them.
+    basic = base64.b64encode(f"{user.username}:{PASSWORD}".encode()).decode()
+    headers = {"HTTP_AUTHORIZATION": f"Basic {basic}", "HTTP_X_BREAK": "auth"}
+    drf_list = client.get("/outage/orders/", **headers)  # the mixin's views: by themselves
+    ninja_list = client.get("/outage/ninja-handled/orders", **headers)
+
+    assert_unavailable(drf_list)
+    assert_unavailable(ninja_list)
+    assert (
+        client.get("/outage/ninja-handled/orders", HTTP_AUTHORIZATION=f"Basic {basic}").status_code
+        == 200
+    )
+
+
 def test_api_view_authentication_needs_the_exception_handler(post):
     # @api_view authenticates before @idempotent runs: DRF's handler is the place.
     drf = {"EXCEPTION_HANDLER": "idempotency.drf.exception_handler"}

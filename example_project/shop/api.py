@@ -15,7 +15,7 @@ from ninja.security import HttpBasicAuth, django_auth
 from pydantic import Field
 
 from example_project.shop.models import Order
-from idempotency.ninja import idempotent
+from idempotency.ninja import answer_outages, idempotent
 
 
 class BasicAuth(HttpBasicAuth):
@@ -29,6 +29,8 @@ api = NinjaAPI(
     urls_namespace="ninja",
     auth=[BasicAuth(), django_auth],
 )
+# A database outage in any operation (authentication included) is a 503 with Retry-After.
+answer_outages(api)
 
 
 class OrderIn(Schema):

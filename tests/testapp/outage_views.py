@@ -28,6 +28,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from idempotency import IdempotentCreateMixin, idempotent
+from idempotency.ninja import answer_outages
 from idempotency.ninja import idempotent as ninja_idempotent
 
 from .models import Order
@@ -139,6 +140,16 @@ async def ninja_async_order(request: HttpRequest) -> Reply:
     return Reply(201, await sync_to_async(_ninja_create)(request, "outage-ninja-async"))
 
 
+# Answers outages in any of its operations, protected or not (``answer_outages``).
+handled_api = NinjaAPI(urls_namespace="outage-ninja-handled", auth=[BreakingBasicAuth()])
+answer_outages(handled_api)
+
+
+@handled_api.get("/orders", response=list[dict])
+def ninja_list(request: HttpRequest) -> list[dict[str, int]]:
+    return [{"id": order.pk} for order in Order.objects.filter(owner=request.auth)]
+
+
 router = SimpleRouter()
 router.register("orders", OrderViewSet, basename="outage-order")
 router.register("lease-orders", LeaseOrderViewSet, basename="outage-lease-order")
@@ -149,4 +160,5 @@ urlpatterns = [
     path("plain/", plain),
     path("async/", async_plain),
     path("ninja/", ninja_api.urls),
+    path("ninja-handled/", handled_api.urls),
 ]
