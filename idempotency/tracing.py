@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
 from django.dispatch import Signal
 
 from idempotency import signals
@@ -32,7 +31,7 @@ from idempotency.exceptions import (
     KeyReused,
     LeaseLost,
 )
-from idempotency.stores import records_database
+from idempotency.stores import records_database, store_for
 
 try:
     from opentelemetry import trace
@@ -92,7 +91,7 @@ def span(operation: str, mode: str, using: str | None = None) -> Iterator[None]:
     attributes = {
         "idempotency.operation": operation,
         "idempotency.mode": mode,
-        "db.system": connections[records_database(using)].vendor,
+        "db.system": store_for(records_database(using)).db_system,
     }
     with tracer.start_as_current_span(
         f"idempotency {operation}",
