@@ -57,6 +57,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the collected static files (the admin's CSS) from the app itself, with
+    # DEBUG off too: run `manage.py collectstatic` first (scripts/example.sh does).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -89,6 +92,12 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# Where `collectstatic` puts them and WhiteNoise serves them from (gzip/brotli copies too).
+STATIC_ROOT = env.path("STATIC_ROOT", default=str(BASE_DIR / "staticfiles"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -103,6 +112,9 @@ REST_FRAMEWORK = {
     ],
     # drf-spectacular's, plus the idempotency header and responses of protected operations.
     "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
+    # A database outage in any DRF view, its authentication included, is a 503 with
+    # Retry-After (docs/databases.md), not Django's HTML error page.
+    "EXCEPTION_HANDLER": "idempotency.drf.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -137,3 +149,14 @@ PAYMENT_WEBHOOK_SECRET = env.str("PAYMENT_WEBHOOK_SECRET", default="dev-webhook-
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 # Task results (IdempotentTask duplicates answer with the first result): the same Redis.
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
+
+# Errors to the console (gunicorn's log): without it Django mails them to ADMINS only.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+        "idempotency": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    },
+}

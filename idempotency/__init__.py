@@ -6,6 +6,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from idempotency.exceptions import (
+    DatabaseUnavailable,
     IdempotencyError,
     KeyInUse,
     KeyInvalid,
@@ -65,6 +66,7 @@ _LAZY = {
 
 __all__ = [
     "Attempt",
+    "DatabaseUnavailable",
     "IdempotencyError",
     "IdempotencyAPIException",
     "IdempotencyOptions",

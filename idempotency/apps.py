@@ -11,9 +11,11 @@ class IdempotencyConfig(AppConfig):
         from idempotency import (
             checks,  # noqa: F401  (registers the system checks)
             logs,
+            tracing,
         )
 
         logs.connect()
+        tracing.connect()
         _register_framework_adapters()
 
 

@@ -17,7 +17,7 @@ from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency.core import InFlight, Mode
-from idempotency.exceptions import KeyInUse, KeyReused
+from idempotency.exceptions import DatabaseUnavailable, KeyInUse, KeyReused
 from idempotency.functions import ArgsTo, CallGuard
 from idempotency.resolvers import ResolverSpec, register
 
@@ -68,9 +68,10 @@ class IdempotentTask(Task):
         run = super().__call__
         try:
             return self._idempotency.run(lambda: run(*args, **kwargs), args, kwargs)
-        except KeyInUse as error:
-            # The first run holds the key: ask again when it may be done, at most
-            # ``max_retries`` times; past that Celery fails the task with this error.
+        except (KeyInUse, DatabaseUnavailable) as error:
+            # The first run holds the key, or the database failed and nothing was
+            # recorded: ask again when it may be done, at most ``max_retries`` times;
+            # past that Celery fails the task with this error.
             raise self.retry(countdown=error.retry_after, exc=error) from error
 
     @cached_property

@@ -21,12 +21,19 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from idempotency import replay_cache, signals, waiting
 from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
+from idempotency.exceptions import (
+    OUTAGE_ERRORS,
+    DatabaseUnavailable,
+    IdempotencyError,
+    KeyInUse,
+    KeyReused,
+    LeaseLost,
+)
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.recovery import settle
@@ -176,14 +183,48 @@ def execute(
 
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
+    A database that fails under it raises ``DatabaseUnavailable``: nothing was
+    recorded, and the same call may be retried.
     """
     validate_settings()
-    cached = replay_cache.lookup(operation)  # None unless REPLAY_CACHE is set and holds it
-    if cached is not None:
-        return _replay(operation, cached, replay, from_cache=True)
-    if operation.mode == "lease":
-        return _execute_leased(operation, work, decide=decide, replay=replay)
-    return _execute_atomic(operation, work, decide=decide, replay=replay)
+    try:
+        cached = replay_cache.lookup(operation)  # None unless REPLAY_CACHE is set and holds it
+        if cached is not None:
+            return _replay(operation, cached, replay, from_cache=True)
+        if operation.mode == "lease":
+            return _execute_leased(operation, work, decide=decide, replay=replay)
+        return _execute_atomic(operation, work, decide=decide, replay=replay)
+    except OUTAGE_ERRORS as exc:
+        if isinstance(exc, IdempotencyError):
+            raise
+        raise database_unavailable(exc, operation) from exc
+
+
+def database_unavailable(
+    error: Exception, operation: Operation | None = None
+) -> DatabaseUnavailable:
+    """``error`` (an outage) as the protocol's error, once: connections cleaned, signal sent.
+
+    A connection the failure broke is closed (Django's own end-of-request check,
+    ``close_if_unusable_or_obsolete``, run now), so that what runs next in this
+    thread, and the next request, connect afresh. Connections inside a
+    transaction are left to it: rolling back is the transaction's owner's job.
+    """
+    if isinstance(error, DatabaseUnavailable):
+        return error
+    _close_broken_connections()
+    unavailable = DatabaseUnavailable(retry_after=idempotency_settings.RETRY_AFTER)
+    # The ``idempotency`` logger hears this signal (idempotency/logs.py): one record per outage.
+    signals.database_unavailable.send(
+        IdempotencyRecord, operation=operation, error=error, retry_after=unavailable.retry_after
+    )
+    return unavailable
+
+
+def _close_broken_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
 
 
 def _execute_atomic(
@@ -230,9 +271,13 @@ def _execute_leased(
     try:
         value = work(attempt)
         outcome = decide(value, attempt)
-    except BaseException:
+    except BaseException as exc:
         # The work may have had effects outside any transaction we control:
         # keep the record, bound to this request, for a retry of the same request.
+        if isinstance(exc, OUTAGE_ERRORS):
+            # Released over a fresh connection if the database is back; if it is
+            # not, the record stays claimable once its lease runs out.
+            _close_broken_connections()
         _release(attempt, delete=False)
         raise
     if outcome is None:

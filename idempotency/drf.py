@@ -23,13 +23,14 @@ from rest_framework.settings import api_settings
 
 from idempotency.conf import idempotency_settings
 from idempotency.core import InFlight, Mode
-from idempotency.exceptions import IdempotencyError, KeyInUse
+from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError
 from idempotency.http import (
     KEY_FORM_FIELD,
     SAFE_METHODS,
     FrameworkAdapter,
     IdempotencyOptions,
     error_status,
+    outage_response,
     problem_response,
     protect,
     read_key,
@@ -129,6 +130,14 @@ class IdempotentMixin:
         options = self.get_idempotency_options()
         return protect(request, handler, options, options.operation or "")
 
+    # DRF authenticates inside the view, before the protected handler: a database
+    # outage there is answered as one in the handler is (503, Retry-After).
+    def handle_exception(self, exc: Exception) -> HttpResponseBase:
+        response = _outage_answer(getattr(self, "request", None), exc)
+        if response is None:
+            response = super().handle_exception(exc)  # type: ignore[misc]
+        return response
+
 
 # Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
 class IdempotentCreateMixin(IdempotentMixin):
@@ -158,8 +167,9 @@ class IdempotencyAPIException(APIException):
     def __init__(self, error: IdempotencyError) -> None:
         self.status_code = error_status(error)
         super().__init__(detail={"detail": error.detail, "code": error.code}, code=error.code)
-        if isinstance(error, KeyInUse):
-            self.wait = error.retry_after  # DRF's handler turns it into Retry-After
+        retry_after = getattr(error, "retry_after", None)  # KeyInUse, DatabaseUnavailable
+        if retry_after is not None:
+            self.wait = retry_after  # DRF's handler turns it into Retry-After
 
 
 class DRFAdapter(FrameworkAdapter):
@@ -211,6 +221,37 @@ class DRFAdapter(FrameworkAdapter):
         response.accepted_media_type = "application/json"
         response.renderer_context = {"request": request, "response": response}  # type: ignore[attr-defined]
         response.render()
+        return response
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBase | None:
+    """DRF's exception handler, which also answers database outages with 503 and Retry-After.
+
+    ``IdempotentMixin`` views do so by themselves; set this as ``EXCEPTION_HANDLER``
+    for ``@api_view`` functions, whose authentication runs before ``@idempotent``.
+    """
+    # Imported here: rest_framework.views reads DEFAULT_RENDERER_CLASSES at import, which
+    # may name this module's renderer while the app registry imports this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    response = _outage_answer(context.get("request"), exc)
+    if response is None:
+        response = drf_exception_handler(exc, context)
+    return response
+
+
+def _outage_answer(request: Any, exc: Exception) -> HttpResponseBase | None:
+    """The 503 for a database outage, rendered as ``ERROR_FORMAT`` says; ``None`` otherwise."""
+    if request is None or not isinstance(exc, OUTAGE_ERRORS):
+        return None
+    try:
+        return outage_response(request, exc)
+    except IdempotencyAPIException as error:  # ERROR_FORMAT "drf": the project's handler renders it
+        handler: Callable[..., Response | None] = api_settings.EXCEPTION_HANDLER  # type: ignore[assignment]
+        view = (getattr(request, "parser_context", None) or {}).get("view")
+        response = handler(error, {"request": request, "view": view, "args": (), "kwargs": {}})
+        if response is not None:
+            response._has_been_logged = True  # type: ignore[attr-defined]
         return response
 
 

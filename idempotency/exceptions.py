@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import InterfaceError, OperationalError
+
 
 class IdempotencyError(Exception):
     code = "idempotency_error"
@@ -69,3 +71,30 @@ class TransitionNotAllowed(IdempotencyError):
     code = "idempotency_transition_not_allowed"
     title = "Transition not allowed"
     default_detail = "The record's state does not allow this transition."
+
+
+class DatabaseUnavailable(IdempotencyError, OperationalError):
+    """The database failed under the request (connection lost, server restart, a timeout).
+
+    Nothing was recorded: in atomic mode the claim rolled back with the work; in
+    lease mode the record is released, or stays claimable once its lease ends.
+    The client retries with the same key after ``retry_after`` seconds. Still an
+    ``OperationalError`` (raised from the original), so code that retries on one
+    (``autoretry_for``) keeps doing so.
+    """
+
+    code = "database_unavailable"
+    title = "Database unavailable"
+    default_detail = (
+        "The database is unavailable; nothing was recorded. Retry with the same idempotency key."
+    )
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
+# The errors of a database that went away or gave up under the request, as Django raises
+# them (psycopg's and mysqlclient's are wrapped): a lost or refused connection, a server
+# restart, a statement or lock timeout, a deadlock's victim.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from idempotency import tracing
 from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.core import (
@@ -133,6 +134,10 @@ class CallGuard:
 
     def run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         """Run ``work`` (the call of the guarded function with these arguments) at most once."""
+        with tracing.span(self.name, self.mode or idempotency_settings.MODE):
+            return self._run(work, args, kwargs)
+
+    def _run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         validate_settings()
         bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
         bound.apply_defaults()

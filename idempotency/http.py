@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
-from django.db import connections
+from django.db import connections, transaction
 from django.http import Http404, HttpRequest, HttpResponse, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 
+from idempotency import tracing
 from idempotency.checks import validate_settings
 from idempotency.conf import (
     FORBIDDEN_REPLAY_HEADERS,
@@ -41,9 +42,15 @@ from idempotency.core import (
     Outcome,
     StoredResponse,
     check_in_flight,
+    database_unavailable,
     execute,
 )
-from idempotency.exceptions import IdempotencyError, KeyInUse, KeyMissing, ScopeUnavailable
+from idempotency.exceptions import (
+    OUTAGE_ERRORS,
+    IdempotencyError,
+    KeyMissing,
+    ScopeUnavailable,
+)
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
@@ -78,6 +85,7 @@ _ERROR_STATUS = {
     "idempotency_key_in_use": 409,
     "idempotency_lease_lost": 409,
     "idempotency_key_reused": 422,
+    "database_unavailable": 503,
 }
 
 
@@ -128,29 +136,43 @@ def protect(
     if _django_request(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
     validate_settings()
+    name = options.operation or default_operation
     try:
-        json_body(request)  # too deep to read: refused before any parser or key function
-        key = read_key(request, options)
-        if key is None:
+        with tracing.span(name, options.mode or idempotency_settings.MODE):
+            json_body(request)  # too deep to read: refused before any parser or key function
+            key = read_key(request, options)
+            if key is None:
+                tracing.unkeyed()
+                result: HttpResponseBase | _ClientError | None = None
+            else:
+                result = _execute(request, view, options, key, name)
+        if result is None:
             return view()
-        operation = build_operation(request, options, key, options.operation or default_operation)
-        if operation.mode == "lease":
-            refuse_request_transaction(request, operation)
-        result = execute(
-            operation,
-            lambda attempt: _run_view(request, attempt, view),
-            decide=lambda result, attempt: (
-                None
-                if isinstance(result, _ClientError)
-                else decide_outcome(request, result, attempt, options)
-            ),
-            replay=replay_response,
-        )
+    except OUTAGE_ERRORS as exc:  # first: a DatabaseUnavailable is one too
+        return outage_response(request, exc)
     except IdempotencyError as error:
         return error_response(request, error)
     if isinstance(result, _ClientError):
         raise result.exception  # the framework renders it, as without the decorator
     return result
+
+
+def _execute(
+    request: AnyRequest, view: ViewCall, options: IdempotencyOptions, key: str, name: str
+) -> HttpResponseBase | _ClientError:
+    operation = build_operation(request, options, key, name)
+    if operation.mode == "lease":
+        refuse_request_transaction(request, operation)
+    return execute(
+        operation,
+        lambda attempt: _run_view(request, attempt, view),
+        decide=lambda result, attempt: (
+            None
+            if isinstance(result, _ClientError)
+            else decide_outcome(request, result, attempt, options)
+        ),
+        replay=replay_response,
+    )
 
 
 async def aprotect(
@@ -444,6 +466,25 @@ def replay_response(record: IdempotencyRecord) -> HttpResponse:
     return response
 
 
+def outage_response(request: AnyRequest, error: Exception) -> HttpResponseBase:
+    """The 503 answer to a database that failed under a protected request.
+
+    ``error`` is the database's exception (or the protocol's ``DatabaseUnavailable``),
+    raised by the protocol, the view, or what the framework ran before the view
+    (DRF's or ninja's authentication). Logged once, by the ``database_unavailable``
+    signal. A transaction still open around the request (``ATOMIC_REQUESTS``) is
+    marked for rollback: nothing of a request answered 503 may commit.
+    """
+    unavailable = database_unavailable(error)
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            transaction.set_rollback(True, using=connection.alias)
+    response = error_response(request, unavailable)
+    # Django's ``django.request`` logger would log this 5xx a second time.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
 def error_response(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
     name = idempotency_settings.ERROR_FORMAT
     for adapter in adapters():
@@ -469,8 +510,9 @@ def problem_response(error: IdempotencyError) -> HttpResponse:
     response = HttpResponse(
         json.dumps(body), status=status, content_type="application/problem+json"
     )
-    if isinstance(error, KeyInUse):
-        response["Retry-After"] = str(error.retry_after)
+    retry_after = getattr(error, "retry_after", None)  # KeyInUse, DatabaseUnavailable
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 

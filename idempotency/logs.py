@@ -40,6 +40,7 @@ def _log(
     event: str,
     operation: Any = None,
     record: IdempotencyRecord | None = None,
+    exc_info: BaseException | None = None,
     **facts: Any,
 ) -> None:
     if not logger.isEnabledFor(level):
@@ -51,7 +52,7 @@ def _log(
         **facts,
     }
     details = " ".join(f"{name}={value}" for name, value in extra.items() if name != "event")
-    logger.log(level, "idempotency %s %s", event, details, extra=extra)
+    logger.log(level, "idempotency %s %s", event, details, extra=extra, exc_info=exc_info)
     if logger.isEnabledFor(logging.DEBUG):
         key = _key(operation, record)
         logger.debug("idempotency %s key=%r", event, key, extra={**extra, "key": key})
@@ -79,6 +80,18 @@ def on_completed(sender: Any, record: IdempotencyRecord, operation: Any, **kwarg
     _log(logging.INFO, "completed", operation, record, status=str(kwargs.get("status", "")))
 
 
+def on_database_unavailable(sender: Any, operation: Any, **kwargs: Any) -> None:
+    error = kwargs.get("error")
+    _log(
+        logging.ERROR,
+        "database_unavailable",
+        operation,
+        exc_info=error if isinstance(error, BaseException) else None,
+        error=type(error).__name__,
+        retry_after=kwargs.get("retry_after"),
+    )
+
+
 def on_recovered(sender: Any, record: IdempotencyRecord, **kwargs: Any) -> None:
     outcome = str(kwargs.get("outcome", ""))
     # Anything but a clean resolution needs a person.
@@ -100,6 +113,7 @@ RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.key_in_use, on_key_in_use),
     (signals.key_reused, on_key_reused),
     (signals.record_completed, on_completed),
+    (signals.database_unavailable, on_database_unavailable),
     (signals.record_recovered, on_recovered),
     (signals.records_purged, on_purged),
 ]

@@ -16,9 +16,11 @@ from contextvars import ContextVar
 from functools import partial, wraps
 from typing import Any, ClassVar, TypeVar, overload
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from ninja import NinjaAPI
 from ninja.decorators import decorate_view
 from ninja.operation import AsyncOperation, Operation
 from ninja.utils import contribute_operation_callback
@@ -27,7 +29,7 @@ from pydantic import BaseModel
 from idempotency import openapi
 from idempotency.conf import idempotency_settings
 from idempotency.core import InFlight, Mode
-from idempotency.exceptions import IdempotencyError, RequestInvalid
+from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, RequestInvalid
 from idempotency.http import (
     SAFE_METHODS,
     IdempotencyOptions,
@@ -35,6 +37,7 @@ from idempotency.http import (
     default_scope,
     error_response,
     json_body,
+    outage_response,
     protect,
 )
 from idempotency.resolvers import ResolverSpec, register
@@ -144,6 +147,23 @@ def idempotent(
     return decorator
 
 
+def answer_outages(api: NinjaAPI) -> None:
+    """Make every operation of ``api`` answer a database outage with 503 and Retry-After.
+
+    Protected operations do so by themselves; this covers the others (lists, reads)
+    and their authentication.
+    """
+    for error in OUTAGE_ERRORS:
+        api.add_exception_handler(error, _outage_handler)
+
+
+def _outage_handler(request: HttpRequest, exc: Exception | type[Exception]) -> HttpResponse:
+    assert isinstance(exc, Exception)  # ninja passes the exception raised
+    response = outage_response(request, exc)
+    assert isinstance(response, HttpResponse)  # a problem, or DRF's rendered Response
+    return response
+
+
 def auth_scope(request: HttpRequest, operation: str) -> str:
     """``user:<pk>:<operation>`` for the user ninja's auth returned, else ``SCOPE_FUNCTION``.
 
@@ -237,8 +257,8 @@ def _client_error(operation: Operation, request: HttpRequest, exc: Exception) ->
     Protocol errors and 5xx propagate: the first are answered by ``protect``,
     the second leave a lease-mode record retryable, as any failure does.
     """
-    if isinstance(exc, IdempotencyError):
-        raise exc
+    if isinstance(exc, (IdempotencyError, *OUTAGE_ERRORS)):
+        raise exc  # an outage: answered 503 by ``protect``, never rendered as ninja's 500
     response = operation.api.on_exception(request, exc)  # re-raises what ninja does not handle
     if response.status_code >= 500:
         raise exc
@@ -263,6 +283,8 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
             token = _CURRENT.set(operation)
             try:
                 return await run(request, *args, **kwargs)
+            except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+                return await sync_to_async(outage_response)(request, exc)
             finally:
                 _CURRENT.reset(token)
 
@@ -276,6 +298,8 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
         token = _CURRENT.set(operation)
         try:
             return run(request, *args, **kwargs)
+        except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+            return outage_response(request, exc)
         finally:
             _CURRENT.reset(token)
 

@@ -25,6 +25,10 @@ key_reused = Signal()
 # An attempt recorded its outcome (or, in lease mode, failed and released the key).
 # record, operation, status: Status (SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE)
 record_completed = Signal()
+# The database failed under a protected call (answered 503 over HTTP); nothing was recorded.
+# operation (None when it failed before the operation was known, e.g. in authentication),
+# error: the database's exception, retry_after: int (seconds)
+database_unavailable = Signal()
 # Recovery resolved an expired or stuck record.
 # record, operation: str, outcome (one of "succeeded", "released", "needs_review", "unknown")
 record_recovered = Signal()

@@ -111,9 +111,31 @@ def example_project(django_db_blocker: Any) -> Iterator[tuple[str, dict[str, str
         try:
             _manage(env, "migrate", "--noinput", "-v", "0")
             _manage(env, "shell", "-c", _create_users_code())
-            yield database, env
+            with tempfile.TemporaryDirectory(prefix="example-static-") as static:
+                collect_static(env, Path(static))
+                yield database, env
         finally:
             _drop_database(database)
+
+
+def prepare_example(url: str) -> dict[str, str]:
+    """Migrates the (empty) database at ``url``, adds the demo users; the server's env.
+
+    For a database server of a test's own (a private PostgreSQL cluster).
+    """
+    env = {**_environment("unused"), "DATABASE_URL": url}
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "shell", "-c", _create_users_code())
+    return env
+
+
+def collect_static(env: dict[str, str], root: Path) -> None:
+    """``collectstatic`` into ``root``, set as the server's ``STATIC_ROOT`` in ``env``.
+
+    As deployed: with DEBUG off, WhiteNoise serves what was collected, nothing else.
+    """
+    env["STATIC_ROOT"] = str(root)
+    _manage(env, "collectstatic", "--noinput", "-v", "0")
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from tests.testapp.tasks import (
     place_order,
     place_order_atomic,
     place_order_impatiently,
+    place_order_through_an_outage,
 )
 
 
@@ -99,6 +100,18 @@ def test_a_task_key_function_returning_none_fails_naming_it():
     assert "tests.testapp.tasks.place_order" in keyless.result.detail
     assert "returned None" in keyless.result.detail
     assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_database_outage_is_retried_and_makes_one_order():
+    owner = UserFactory()
+    result = place_order_through_an_outage.apply(kwargs={"ref": "o-outage", "owner_id": owner.pk})
+
+    # The first run's write rolled back with its claim; the retry made the one order.
+    assert result.state == "SUCCESS", result.result
+    assert result.get() == {"order": Order.objects.get().pk, "quantity": 1, "retries": 1}
+    assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
 
 
 def test_expected_failures_keep_the_reused_key():

@@ -26,6 +26,27 @@ def server(django_db_blocker: Any) -> Iterator[Server]:
         yield Server(url=url, database=database)
 
 
+# --- the admin, as deployed ---------------------------------------------------------------
+
+
+def test_the_admin_is_styled_with_debug_off(server):
+    page = server.request("GET", "/admin/login/", user=None)
+    stylesheets = re.findall(rb'<link[^>]+href="(/static/[^"]+\.css)"', page.body)
+    assert page.status == 200
+    assert b"/static/admin/css/base.css" in stylesheets
+    for path in stylesheets:
+        css = server.request("GET", path.decode(), user=None)
+        assert css.status == 200, path
+        assert css.headers["content-type"].startswith("text/css")
+        assert b"{" in css.body  # a stylesheet, not an error page
+    compressed = server.request(
+        "GET", "/static/admin/css/base.css", user=None, headers={"Accept-Encoding": "gzip"}
+    )
+    assert compressed.headers.get("content-encoding") == "gzip"  # WhiteNoise's precompressed copy
+    missing = server.request("GET", "/static/admin/css/no-such-file.css", user=None)
+    assert missing.status == 404
+
+
 # --- orders -------------------------------------------------------------------------------
 
 

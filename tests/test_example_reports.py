@@ -28,6 +28,7 @@ from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import recover_expired
 from idempotency.resolvers import resolver_for
+from tests.example_server import collect_static
 from tests.processes import process_env, python, start, stop
 
 pytestmark = pytest.mark.django_db
@@ -258,6 +259,7 @@ class _Server:
 class _gunicorn:
     def __init__(self, tmp_path: Path) -> None:
         self.log = tmp_path / "gunicorn.log"
+        self.static = tmp_path / "static"
 
     def __enter__(self) -> _Server:
         port = _free_port()
@@ -274,6 +276,7 @@ class _gunicorn:
             DEBUG="False",
             ALLOWED_HOSTS="127.0.0.1",
         )
+        collect_static(env, self.static)
         self.server = _Server(start(command, env, log=self.log), f"http://127.0.0.1:{port}")
         try:
             self.server.wait_until_up()

@@ -20,4 +20,5 @@ urlpatterns = [
     path("lease/", include("tests.testapp.lease_views")),
     path("async/", include("tests.testapp.async_views")),
     path("drf/", include("tests.testapp.drf_views")),
+    path("outage/", include("tests.testapp.outage_views")),
 ]

@@ -18,7 +18,7 @@ from ninja.security import HttpBasicAuth, django_auth
 from pydantic import AfterValidator, Field
 
 from example_project.shop.models import Order
-from idempotency.ninja import idempotent
+from idempotency.ninja import answer_outages, idempotent
 
 
 class BasicAuth(HttpBasicAuth):
@@ -45,6 +45,8 @@ api = NinjaAPI(
     auth=[BasicAuth(), django_auth],
     parser=JSONParser(),
 )
+# A database outage in any operation (authentication included) is a 503 with Retry-After.
+answer_outages(api)
 
 
 @api.exception_handler(HttpError)

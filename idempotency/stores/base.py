@@ -109,6 +109,11 @@ class Store(ABC):
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
 
+    @property
+    def db_system(self) -> str:
+        """The database's name in telemetry (OpenTelemetry's ``db.system``): Django's vendor."""
+        return self.connection.vendor
+
     # The claim
 
     @abstractmethod

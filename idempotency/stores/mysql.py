@@ -105,8 +105,13 @@ class MySQLStore(GenericStore):
 
         On the driver's own cursor: Django refuses statements in such a transaction,
         but these outlive it and must not leak into the connection's next request.
+        A connection already closed took them with its session. Errors are
+        Django's, as everywhere: a lost connection is an ``OperationalError``.
         """
-        with self.connection.connection.cursor() as cursor:
+        raw = self.connection.connection
+        if raw is None:
+            return
+        with self.connection.wrap_database_errors, raw.cursor() as cursor:
             cursor.execute(sql, params)
 
     @contextmanager

@@ -15,6 +15,7 @@ from idempotency.celery import IdempotentTask
 
 from .lease_views import sku_for
 from .models import Order
+from .outage_views import kill_own_connection
 
 LEASE_SECONDS = 5
 
@@ -77,3 +78,17 @@ def capture_payment(order_ref, amount, sent_at=None):  # type: ignore[no-untyped
     owner, _ = get_user_model().objects.get_or_create(username="payments")
     payment = Order.objects.create(owner=owner, sku=sku_for(order_ref), quantity=1)
     return {"payment": payment.pk}
+
+
+@shared_task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    max_retries=3,
+)
+def place_order_through_an_outage(self: IdempotentTask, ref: str, owner_id: int) -> dict[str, int]:
+    """Its first run's connection is killed by the database after the write."""
+    placed = _place(ref, owner_id, 1, 0)
+    if self.request.retries == 0:
+        kill_own_connection()
+    return {**placed, "retries": self.request.retries}
