@@ -316,4 +316,5 @@ CHECKS: list[Check] = [
     _drf_error_format,
     _lease_mode_under_atomic_requests,
     _replay_cache,
+    _choice("READ_FIRST", ("auto", "always", "never"), "idempotency.E030"),
 ]

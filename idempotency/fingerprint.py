@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
 from decimal import Decimal
+from json.encoder import encode_basestring_ascii as _quote  # what json.dumps(str) returns
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
@@ -49,18 +50,24 @@ def canonical(
 
 
 def _dump(value: Any) -> str:
+    if isinstance(value, str):  # the commonest leaf first
+        return _quote(value)
     if isinstance(value, Mapping):
         items = sorted((str(key), item) for key, item in value.items())
-        return "{" + ",".join(f"{json.dumps(key)}:{_dump(item)}" for key, item in items) + "}"
+        return "{" + ",".join(f"{_quote(key)}:{_dump(item)}" for key, item in items) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_dump(item) for item in value) + "]"
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
     if isinstance(value, (int, float, Decimal)):
         return _number(Decimal(str(value)) if isinstance(value, float) else Decimal(value))
     if isinstance(value, UploadedFile):
-        return json.dumps(f"file:{value.name}:{_file_digest(value)}")
-    return json.dumps(str(value))
+        return _quote(f"file:{value.name}:{_file_digest(value)}")
+    return _quote(str(value))
 
 
 def _number(value: Decimal) -> str:

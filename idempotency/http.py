@@ -463,7 +463,7 @@ def register_adapter(adapter: FrameworkAdapter) -> None:
 
 def adapters() -> list[FrameworkAdapter]:
     # A None entry is a module made unimportable on purpose (a project without DRF).
-    if sys.modules.get("rest_framework") is not None:
+    if "idempotency.drf" not in sys.modules and sys.modules.get("rest_framework") is not None:
         import_module("idempotency.drf")  # registers its adapter on import
     return _ADAPTERS
 

@@ -59,6 +59,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E027", {"MAX_WAITERS": 2.5}),
     ("idempotency.E029", {"REPLAY_CACHE": "no-such-cache"}),
     ("idempotency.E029", {"REPLAY_CACHE": 1}),
+    ("idempotency.E030", {"READ_FIRST": True}),
+    ("idempotency.E030", {"READ_FIRST": "sometimes"}),
 ]
 
 
