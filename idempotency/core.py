@@ -484,7 +484,7 @@ def _busy(operation: Operation) -> KeyInUse:
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
     operation, response = attempt.operation, outcome.response
     values: dict[str, Any] = {
-        "status": outcome.status,
+        "status": str(outcome.status),
         "response_status": response.status if response else None,
         "response_headers": [list(pair) for pair in response.headers] if response else [],
         "response_body": response.body if response else None,

@@ -40,6 +40,8 @@ _PER_REQUEST_ORDER = (
 )
 _PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
 _DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
+# The columns a finish writes whose values need their field's own preparation.
+_ADAPTED = frozenset({"response_headers", "response_body"})
 _NOW = "STATEMENT_TIMESTAMP()"
 
 
@@ -103,7 +105,14 @@ class PostgresStore(GenericStore):
         self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
         connection, names = self.connection, tuple(values)
-        params = [_field(name).get_db_prep_save(values[name], connection) for name in names]
+        # Text and numbers go as they are; only the JSON and binary columns need their
+        # field's preparation (an adapter object), and only when they hold a value.
+        params = [
+            _field(name).get_db_prep_save(value, connection)
+            if name in _ADAPTED and value is not None
+            else value
+            for name, value in values.items()
+        ]
         params += [expires_in] if expires_in is not None else []
         params += [pk, token, Status.PROCESSING.value]
         with connection.cursor() as cursor:
