@@ -68,8 +68,10 @@ def requests_of(database: Database) -> dict[str, Callable[[], None]]:
     """Django set up on ``database`` (migrated, the benchmark user made, warmed up).
 
     Returns one callable per variant, each serving one request through the test
-    client: ``unprotected``, ``idempotency (atomic)`` (a new key) and
-    ``replays`` (a key recorded by an earlier protected create).
+    client: ``unprotected``, ``idempotency (atomic)`` (a new key), ``replays``
+    (a key recorded by an earlier protected create), and the placed order
+    (``benchmarks/views.py``: a create as a real endpoint does it) without and
+    with protection.
     """
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     os.environ["DATABASE_URL"] = database.url
@@ -104,10 +106,24 @@ def requests_of(database: Database) -> dict[str, Callable[[], None]]:
     def replay() -> None:
         post("/api/orders/", recorded[len(recorded) // 2])
 
+    def placed() -> None:
+        post("/bench/orders/placed/", None)
+
+    def placed_protected() -> None:
+        post("/bench/orders/placed-protected/", str(uuid.uuid4()))
+
     for _ in range(20):  # warm up: imports, caches, the first keys to replay
         unprotected()
         protected()
-    return {"unprotected": unprotected, "idempotency (atomic)": protected, "replays": replay}
+        placed()
+        placed_protected()
+    return {
+        "unprotected": unprotected,
+        "idempotency (atomic)": protected,
+        "replays": replay,
+        "placed order, unprotected": placed,
+        "placed order, idempotency (atomic)": placed_protected,
+    }
 
 
 def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
@@ -121,6 +137,8 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
         "idempotency (atomic), prepared": (work["idempotency (atomic)"], True),
         "replays": (work["replays"], False),
         "replays, prepared": (work["replays"], True),
+        "placed order, unprotected": (work["placed order, unprotected"], False),
+        "placed order, idempotency (atomic)": (work["placed order, idempotency (atomic)"], False),
     }
     options = {
         name: value
