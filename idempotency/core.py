@@ -169,12 +169,19 @@ class ReplayShare:
 
     WEIGHT = 1 / 32
     THRESHOLD = 1 / 3
+    # Operation names come from code, so they are few; a project that makes them
+    # up per request must not grow this dict without bound.
+    MAX_OPERATIONS = 1024
 
     def __init__(self) -> None:
         self._shares: dict[str, float] = {}
 
     def seen(self, name: str, *, replayed: bool) -> None:
-        share = self._shares.get(name, 0.0)
+        share = self._shares.get(name)
+        if share is None:
+            if len(self._shares) >= self.MAX_OPERATIONS:
+                self._shares = {}
+            share = 0.0
         self._shares[name] = share + ((1.0 if replayed else 0.0) - share) * self.WEIGHT
 
     def high(self, name: str) -> bool:
