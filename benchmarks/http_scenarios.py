@@ -49,6 +49,9 @@ PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
 PLAIN_ATOMIC = Variant("unprotected, in a transaction", "/bench/orders/plain-atomic/", keyed=False)
 OURS = Variant("idempotency (atomic)", "/api/orders/")
 LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
+# A create as a real endpoint does it (benchmarks/views.py PlacedOrderCreate), with and without.
+PLACED = Variant("placed order, unprotected", "/bench/orders/placed/", keyed=False)
+PLACED_OURS = Variant("placed order, idempotency (atomic)", "/bench/orders/placed-protected/")
 # Hot key only: a 2 s job in lease mode, its duplicates answered 409 or waiting for the outcome.
 LEASE_SLOW = Variant("idempotency (lease, 2 s job)", "/bench/orders/lease-2s/")
 LEASE_SLOW_WAITING = Variant(
@@ -129,7 +132,7 @@ def replays(
     fresh = [
         replace(variant, name=f"{variant.name}, fresh keys")
         for variant in variants
-        if variant.path == OURS.path
+        if variant.path in (OURS.path, PLACED_OURS.path)
     ]
     replayed = [replace(variant, name=f"{variant.name}, replays") for variant in variants]
     sources = dict(zip([v.name for v in replayed], variants, strict=True))

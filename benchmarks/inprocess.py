@@ -64,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
+def requests_of(database: Database) -> dict[str, Callable[[], None]]:
+    """Django set up on ``database`` (migrated, the benchmark user made, warmed up).
+
+    Returns one callable per variant, each serving one request through the test
+    client: ``unprotected``, ``idempotency (atomic)`` (a new key), ``replays``
+    (a key recorded by an earlier protected create), and the placed order
+    (``benchmarks/views.py``: a create as a real endpoint does it) without and
+    with protection.
+    """
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     os.environ["DATABASE_URL"] = database.url
     import django
@@ -72,7 +80,6 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from django.db import connection
     from django.test import Client
 
     call_command("migrate", verbosity=0)
@@ -99,30 +106,53 @@ def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
     def replay() -> None:
         post("/api/orders/", recorded[len(recorded) // 2])
 
+    def placed() -> None:
+        post("/bench/orders/placed/", None)
+
+    def placed_protected() -> None:
+        post("/bench/orders/placed-protected/", str(uuid.uuid4()))
+
+    for _ in range(20):  # warm up: imports, caches, the first keys to replay
+        unprotected()
+        protected()
+        placed()
+        placed_protected()
+    return {
+        "unprotected": unprotected,
+        "idempotency (atomic)": protected,
+        "replays": replay,
+        "placed order, unprotected": placed,
+        "placed order, idempotency (atomic)": placed_protected,
+    }
+
+
+def _measure(database: Database, rounds: int, requests: int) -> dict[str, Cost]:
+    from django.db import connection
+
+    work = requests_of(database)
     variants: dict[str, tuple[Callable[[], None], bool]] = {
-        "unprotected": (unprotected, False),
-        "unprotected, prepared": (unprotected, True),
-        "idempotency (atomic)": (protected, False),
-        "idempotency (atomic), prepared": (protected, True),
-        "replays": (replay, False),
-        "replays, prepared": (replay, True),
+        "unprotected": (work["unprotected"], False),
+        "unprotected, prepared": (work["unprotected"], True),
+        "idempotency (atomic)": (work["idempotency (atomic)"], False),
+        "idempotency (atomic), prepared": (work["idempotency (atomic)"], True),
+        "replays": (work["replays"], False),
+        "replays, prepared": (work["replays"], True),
+        "placed order, unprotected": (work["placed order, unprotected"], False),
+        "placed order, idempotency (atomic)": (work["placed order, idempotency (atomic)"], False),
     }
     options = {
         name: value
         for name, value in connection.settings_dict["OPTIONS"].items()
         if name not in PREPARING
     }
-    for _ in range(20):  # warm up: imports, caches, the first keys to replay
-        unprotected()
-        protected()
     costs = {name: Cost() for name in variants}
     for round_ in range(rounds):
         for name in rotated(list(variants), round_):
-            work, prepared = variants[name]
+            work_, prepared = variants[name]
             connection.close()  # psycopg reads the options when it connects
             connection.settings_dict["OPTIONS"] = options | (PREPARING if prepared else {})
             connection.ensure_connection()
-            _run(costs[name], work, requests, _backend_cpu(connection))
+            _run(costs[name], work_, requests, _backend_cpu(connection))
     return costs
 
 

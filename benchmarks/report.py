@@ -21,6 +21,8 @@ from benchmarks.http_scenarios import (
     OURS,
     OURS_CACHED,
     OURS_PREPARED,
+    PLACED,
+    PLACED_OURS,
     PLAIN,
     PLAIN_ATOMIC,
     PLAIN_PREPARED,
@@ -133,6 +135,16 @@ def _ratios(results: Results) -> list[Ratio]:
             _paired(first, ours, PLAIN_ATOMIC.name),
         ),
         Ratio("first requests, throughput: lease / atomic mode", _paired(first, lease, ours)),
+        Ratio(
+            "first requests, throughput: placed order, idempotency / unprotected",
+            _paired(first, PLACED_OURS.name, PLACED.name),
+            ">= 0.9",
+        ),
+        Ratio(
+            "replays / fresh creates, throughput: placed order",
+            _paired(replays, f"{PLACED_OURS.name}, replays", f"{PLACED_OURS.name}, fresh keys"),
+            ">= 2",
+        ),
         Ratio("replays / fresh creates, throughput", _paired(replays, replayed, fresh), ">= 2"),
         Ratio(
             f"replays / fresh creates, throughput{PREPARED}",

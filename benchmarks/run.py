@@ -40,6 +40,8 @@ from benchmarks.http_scenarios import (  # noqa: E402
     OURS,
     OURS_CACHED,
     OURS_PREPARED,
+    PLACED,
+    PLACED_OURS,
     PLAIN,
     PLAIN_ATOMIC,
     PLAIN_PREPARED,
@@ -144,6 +146,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
             Target("127.0.0.1", cached_port) if cached_port else None,
         )
         variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, PLAIN_PREPARED, OURS_PREPARED, LEASE]
+        variants += [PLACED, PLACED_OURS]
         variants += alternatives
         _step("warming up")
         http_scenarios.warm_up(servers, variants, plan.concurrency)
@@ -154,7 +157,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         _step("replays")
         results.replays = http_scenarios.replays(
             servers,
-            [OURS, *cached, OURS_PREPARED, *alternatives],
+            [OURS, *cached, OURS_PREPARED, PLACED_OURS, *alternatives],
             keys,
             plan.rounds,
             plan.requests,

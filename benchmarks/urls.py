@@ -5,6 +5,8 @@ from django.urls import path
 from benchmarks.views import (
     LeaseOrderCreate,
     OrderCreate,
+    PlacedOrderCreate,
+    ProtectedPlacedOrderCreate,
     SlowLeaseOrderCreate,
     TransactionalOrderCreate,
     WaitingSlowLeaseOrderCreate,
@@ -16,6 +18,8 @@ TWINS = {
     "plain": OrderCreate.as_view({"post": "create"}),
     "plain-atomic": TransactionalOrderCreate.as_view({"post": "create"}),
     "lease": LeaseOrderCreate.as_view({"post": "create"}),
+    "placed": PlacedOrderCreate.as_view({"post": "create"}),
+    "placed-protected": ProtectedPlacedOrderCreate.as_view({"post": "create"}),
     "lease-2s": SlowLeaseOrderCreate.as_view({"post": "create"}),
     "lease-2s-wait": WaitingSlowLeaseOrderCreate.as_view({"post": "create"}),
     **alternative_views(),

@@ -9,15 +9,18 @@ as its own docs say.
 from __future__ import annotations
 
 import time
+import uuid
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
-from rest_framework import mixins, viewsets
+from django.dispatch import Signal, receiver
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.request import Request
 from rest_framework.serializers import BaseSerializer
 
-from example_project.shop.models import Order
+from example_project.shop.models import Order, Payment
 from example_project.shop.serializers import OrderSerializer
 from idempotency import IdempotentCreateMixin
 
@@ -65,6 +68,72 @@ class WaitingSlowLeaseOrderCreate(SlowLeaseOrderCreate):
 
     idempotency_operation = "bench.orders.lease-2s-wait"
     idempotency_wait_seconds = 10.0
+
+
+# --- a create as a real endpoint does it -------------------------------------------------
+
+order_placed = Signal()
+OPEN_ORDERS = 1_000_000  # a limit the benchmark never reaches, read on every create
+
+
+class PlacedOrderSerializer(OrderSerializer):
+    """The order create with what a real one validates: the SKU's form, a limit per caller."""
+
+    amount = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        write_only=True,
+        default=Decimal("9.99"),  # the benchmark's bodies carry none
+    )
+
+    class Meta(OrderSerializer.Meta):
+        fields = [*OrderSerializer.Meta.fields, "amount"]
+
+    def validate_sku(self, value: str) -> str:
+        if not value.isascii() or not value.replace("-", "").isalnum():
+            raise serializers.ValidationError("A SKU is letters, digits and dashes.")
+        return value.lower()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        owner = self.context["request"].user
+        if Order.objects.filter(owner=owner, status=Order.Status.PENDING).count() >= OPEN_ORDERS:
+            raise serializers.ValidationError("Too many open orders.")  # read 1
+        return attrs
+
+
+@receiver(order_placed)
+def _order_placed(sender: Any, order: Order, **kwargs: Any) -> None:
+    # A receiver such as a notification or an audit trail would be: it reads what was written.
+    Payment.objects.filter(order=order).exists()  # read 2
+
+
+class PlacedOrderCreate(OrderCreate):
+    """A create as a real endpoint does it, unprotected.
+
+    Validation with a read (``PlacedOrderSerializer``), then in one transaction
+    the order and its payment (two INSERTs), the order marked paid (an UPDATE)
+    and a signal whose receiver reads: about what an order endpoint of a shop
+    does, against the one INSERT of ``OrderCreate``.
+    """
+
+    serializer_class = PlacedOrderSerializer
+
+    def perform_create(self, serializer: BaseSerializer[Order]) -> None:
+        amount = serializer.validated_data.pop("amount")  # type: ignore[union-attr]
+        with transaction.atomic():
+            order = serializer.save(owner=self.request.user)
+            Payment.objects.create(
+                order=order, provider="bench", trade_no=uuid.uuid4().hex, amount=amount
+            )
+            order.mark_paid()
+            order_placed.send(Order, order=order)
+
+
+class ProtectedPlacedOrderCreate(IdempotentCreateMixin, PlacedOrderCreate):
+    """The same create behind this app (atomic mode): its transaction nests in the claim's."""
+
+    idempotency_operation = "bench.orders.placed"
 
 
 def alternative_views() -> dict[str, Any]:

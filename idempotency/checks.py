@@ -497,6 +497,7 @@ CHECKS: list[Check] = [
     _replay_cache,
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
     _transaction_pooling,
+    _choice("READ_FIRST", ("auto", "always", "never"), "idempotency.E034"),
 ]
 
 

@@ -1,7 +1,10 @@
 """Lazy access to the ``IDEMPOTENCY = {...}`` settings dict.
 
-Every property reads ``django.conf.settings`` on access, so ``override_settings``
-works and nothing is read at import time.
+Nothing is read at import time. Each setting is read from ``django.conf.settings``
+on its first access, converted, and kept: the hot path reads a dozen settings
+per request. The kept values are dropped whenever ``setting_changed`` says
+``IDEMPOTENCY`` changed (``override_settings``, pytest-django's ``settings``),
+so every change made through Django is seen at once.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 DEFAULTS: dict[str, Any] = {
@@ -55,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "OPERATION_RETENTION": {},
     "REPLAY_CACHE": None,
+    "READ_FIRST": "auto",
 }
 
 # Headers that carry a session or a credential: never stored, never replayed,
@@ -81,128 +86,92 @@ def is_header_name(value: object) -> bool:
     return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
 
 
+V = TypeVar("V")
+
+
+class _Setting(Generic[V]):
+    """A property of ``Settings``: the converted value, read once and kept until a change."""
+
+    def __init__(self, convert: Callable[[Any], V]) -> None:
+        self.convert = convert
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Setting[V]: ...
+    @overload
+    def __get__(self, instance: Settings, owner: type) -> V: ...
+    def __get__(self, instance: Settings | None, owner: type) -> V | _Setting[V]:
+        if instance is None:
+            return self
+        try:
+            return instance._values[self.name]  # type: ignore[no-any-return]
+        except KeyError:
+            value = self.convert(instance._get(self.name))
+            instance._values[self.name] = value
+            return value
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _replay_headers(names: Sequence[str]) -> frozenset[str]:
+    return frozenset(name.lower() for name in names) - FORBIDDEN_REPLAY_HEADERS
+
+
+def _retention(value: Any) -> dict[str, float]:
+    merged = dict(DEFAULTS["RETENTION"])
+    merged.update(value)
+    return merged
+
+
 class Settings:
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "IDEMPOTENCY", None) or {}
         return user.get(name, DEFAULTS[name])
 
-    @property
-    def HEADER(self) -> str:
-        return str(self._get("HEADER"))
+    def reload(self) -> None:
+        """Forget the kept values: the next access reads ``settings.IDEMPOTENCY`` again."""
+        self._values = {}
 
-    @property
-    def MAX_KEY_LENGTH(self) -> int:
-        return int(self._get("MAX_KEY_LENGTH"))
-
-    @property
-    def REQUIRE_KEY(self) -> bool:
-        return bool(self._get("REQUIRE_KEY"))
-
-    @property
-    def MODE(self) -> str:
-        return str(self._get("MODE"))
-
-    @property
-    def LOCK_TIMEOUT(self) -> float:
-        return float(self._get("LOCK_TIMEOUT"))
-
-    @property
-    def RETRY_AFTER(self) -> int:
-        return int(self._get("RETRY_AFTER"))
-
-    @property
-    def WAIT_SECONDS(self) -> float:
-        return float(self._get("WAIT_SECONDS"))
-
-    @property
-    def IN_FLIGHT(self) -> str:
-        return str(self._get("IN_FLIGHT"))
-
-    @property
-    def MAX_WAITERS(self) -> int:
-        return int(self._get("MAX_WAITERS"))
-
-    @property
-    def LEASE_SECONDS(self) -> float:
-        return float(self._get("LEASE_SECONDS"))
-
-    @property
-    def MAX_RESPONSE_BYTES(self) -> int:
-        return int(self._get("MAX_RESPONSE_BYTES"))
-
-    @property
-    def MAX_BODY_DEPTH(self) -> int:
-        return int(self._get("MAX_BODY_DEPTH"))
-
-    @property
-    def REPLAY_HEADERS(self) -> frozenset[str]:
-        names: Sequence[str] = self._get("REPLAY_HEADERS")
-        return frozenset(name.lower() for name in names) - FORBIDDEN_REPLAY_HEADERS
-
-    @property
-    def SCOPE_FUNCTION(self) -> Callable[..., Any]:
-        return load_callable(self._get("SCOPE_FUNCTION"), "SCOPE_FUNCTION")
-
-    @property
-    def FINGERPRINT_FUNCTION(self) -> Callable[..., Any]:
-        return load_callable(self._get("FINGERPRINT_FUNCTION"), "FINGERPRINT_FUNCTION")
-
-    @property
-    def OUTCOME_POLICY(self) -> Callable[..., Any]:
-        return load_callable(self._get("OUTCOME_POLICY"), "OUTCOME_POLICY")
-
-    @property
-    def ERROR_FORMAT(self) -> str:
-        return str(self._get("ERROR_FORMAT"))
-
-    @property
-    def DATABASE(self) -> str | None:
-        value = self._get("DATABASE")
-        return None if value is None else str(value)
-
-    @property
-    def TRANSACTION_POOLING(self) -> bool | None:
-        value = self._get("TRANSACTION_POOLING")
-        return None if value is None else bool(value)
-
-    @property
-    def RESOLVERS(self) -> dict[str, str]:
-        return dict(self._get("RESOLVERS"))
-
-    @property
-    def MAX_RESOLVE_ATTEMPTS(self) -> int:
-        return int(self._get("MAX_RESOLVE_ATTEMPTS"))
-
-    @property
-    def RESOLVE_RETRY_SECONDS(self) -> float:
-        return float(self._get("RESOLVE_RETRY_SECONDS"))
-
-    @property
-    def RELEASE_EXPIRED_WITHOUT_RESOLVER(self) -> bool:
-        return bool(self._get("RELEASE_EXPIRED_WITHOUT_RESOLVER"))
-
-    @property
-    def RECOVERY_BATCH_SIZE(self) -> int:
-        return int(self._get("RECOVERY_BATCH_SIZE"))
-
-    @property
-    def PURGE_BATCH_SIZE(self) -> int:
-        return int(self._get("PURGE_BATCH_SIZE"))
-
-    @property
-    def RETENTION(self) -> dict[str, float]:
-        merged = dict(DEFAULTS["RETENTION"])
-        merged.update(self._get("RETENTION"))
-        return merged
-
-    @property
-    def OPERATION_RETENTION(self) -> dict[str, dict[str, float]]:
-        return dict(self._get("OPERATION_RETENTION"))
-
-    @property
-    def REPLAY_CACHE(self) -> str | None:
-        value = self._get("REPLAY_CACHE")
-        return None if value is None else str(value)
+    HEADER = _Setting(str)
+    MAX_KEY_LENGTH = _Setting(int)
+    REQUIRE_KEY = _Setting(bool)
+    MODE = _Setting(str)
+    LOCK_TIMEOUT = _Setting(float)
+    RETRY_AFTER = _Setting(int)
+    WAIT_SECONDS = _Setting(float)
+    IN_FLIGHT = _Setting(str)
+    MAX_WAITERS = _Setting(int)
+    LEASE_SECONDS = _Setting(float)
+    MAX_RESPONSE_BYTES = _Setting(int)
+    MAX_BODY_DEPTH = _Setting(int)
+    REPLAY_HEADERS = _Setting(_replay_headers)
+    SCOPE_FUNCTION = _Setting(lambda value: load_callable(value, "SCOPE_FUNCTION"))
+    FINGERPRINT_FUNCTION = _Setting(lambda value: load_callable(value, "FINGERPRINT_FUNCTION"))
+    OUTCOME_POLICY = _Setting(lambda value: load_callable(value, "OUTCOME_POLICY"))
+    ERROR_FORMAT = _Setting(str)
+    DATABASE = _Setting(_optional_str)
+    TRANSACTION_POOLING = _Setting(_optional_bool)
+    RESOLVERS: _Setting[dict[str, str]] = _Setting(dict)
+    MAX_RESOLVE_ATTEMPTS = _Setting(int)
+    RESOLVE_RETRY_SECONDS = _Setting(float)
+    RELEASE_EXPIRED_WITHOUT_RESOLVER = _Setting(bool)
+    RECOVERY_BATCH_SIZE = _Setting(int)
+    PURGE_BATCH_SIZE = _Setting(int)
+    RETENTION = _Setting(_retention)
+    OPERATION_RETENTION: _Setting[dict[str, dict[str, float]]] = _Setting(dict)
+    REPLAY_CACHE = _Setting(_optional_str)
+    READ_FIRST = _Setting(str)
 
 
 def load_callable(value: Any, setting: str) -> Callable[..., Any]:
@@ -222,3 +191,11 @@ def _import(path: str, setting: str) -> Callable[..., Any]:
 
 
 idempotency_settings = Settings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "IDEMPOTENCY":
+        idempotency_settings.reload()
+
+
+setting_changed.connect(_reload, dispatch_uid="idempotency.conf.reload")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Literal, TypeVar
 
 from django.db import DatabaseError, connections, transaction
@@ -130,14 +130,18 @@ def check_in_flight(in_flight: str | None, wait_seconds: float | None) -> None:
         )
 
 
+@cache
+def _scope_width() -> int:
+    return IdempotencyRecord._meta.get_field("scope").max_length or 255
+
+
 def bounded_scope(scope: str) -> str:
     """``scope`` if it fits its column, else a prefix and the scope's SHA-256.
 
     Cutting it short instead would let two long scopes share records, and
     replay one scope's response to the other.
     """
-    width = IdempotencyRecord._meta.get_field("scope").max_length or 255
-    if len(scope) <= width:
+    if len(scope) <= (width := _scope_width()):
         return scope
     digest = hashlib.sha256(scope.encode()).hexdigest()
     return f"{scope[: width - len(digest) - 1]}#{digest}"
@@ -193,6 +197,9 @@ def execute(
             return _replay(operation, cached, replay, from_cache=True)
         if operation.mode == "lease":
             return _execute_leased(operation, work, decide=decide, replay=replay)
+        final = _read_first(operation)
+        if final is not None:
+            return _replay(operation, final, replay)
         return _execute_atomic(operation, work, decide=decide, replay=replay)
     except OUTAGE_ERRORS as exc:
         if isinstance(exc, IdempotencyError):
@@ -225,6 +232,59 @@ def _close_broken_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
+
+
+class ReplayShare:
+    """The share of replays among an operation's requests, in this process (READ_FIRST "auto").
+
+    An exponentially weighted mean over about the last ``1 / WEIGHT`` requests
+    of each operation. Reading first saves a replay the claim's transaction
+    (``BEGIN``, the claim, ``COMMIT``: three round trips for one) and costs a
+    first request one read more, so it pays once replays are about a third
+    of the requests (``THRESHOLD``); below that first requests pay nothing.
+    Updated without a lock: a lost update only nudges a heuristic.
+    """
+
+    WEIGHT = 1 / 32
+    THRESHOLD = 1 / 3
+    # Operation names come from code, so they are few; a project that makes them
+    # up per request must not grow this dict without bound.
+    MAX_OPERATIONS = 1024
+
+    def __init__(self) -> None:
+        self._shares: dict[str, float] = {}
+
+    def seen(self, name: str, *, replayed: bool) -> None:
+        share = self._shares.get(name)
+        if share is None:
+            if len(self._shares) >= self.MAX_OPERATIONS:
+                self._shares = {}
+            share = 0.0
+        self._shares[name] = share + ((1.0 if replayed else 0.0) - share) * self.WEIGHT
+
+    def high(self, name: str) -> bool:
+        return self._shares.get(name, 0.0) >= self.THRESHOLD
+
+
+replay_share = ReplayShare()
+
+
+def _read_first(operation: Operation) -> IdempotencyRecord | None:
+    """Atomic mode: a final record of this very request, read before any transaction opens.
+
+    Only a ``SUCCEEDED`` or ``FAILED_FINAL`` record (they never change) whose
+    request hash matches is answered from the read; anything else (no
+    record, one in flight or retryable, another body: 422) takes the claim's
+    path as without it, so the unique constraint and the row lock still
+    decide every first request and every conflict.
+    """
+    policy = idempotency_settings.READ_FIRST
+    if policy == "never" or (policy == "auto" and not replay_share.high(operation.name)):
+        return None
+    record = operation.store.read_final(operation.scope, operation.key)
+    if record is None or record.request_hash != operation.request_hash:
+        return None
+    return record
 
 
 def _execute_atomic(
@@ -342,6 +402,7 @@ def _replay(
     assert record is not None
     if record.status not in REPLAYABLE:
         raise _in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+    replay_share.seen(operation.name, replayed=True)
     if not from_cache:
         replay_cache.remember(operation, record)
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
@@ -464,6 +525,7 @@ def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
 def _claimed(
     operation: Operation, record: IdempotencyRecord, token: str, *, reclaimed: bool
 ) -> Attempt:
+    replay_share.seen(operation.name, replayed=False)
     if operation.mode == "lease" and not reclaimed and record.lease_until is None:
         operation.store.renew(record.pk, token, _lease_length(operation))
     signals.record_claimed.send(
@@ -511,7 +573,7 @@ def _busy(operation: Operation) -> KeyInUse:
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
     operation, response = attempt.operation, outcome.response
     values: dict[str, Any] = {
-        "status": outcome.status,
+        "status": str(outcome.status),
         "response_status": response.status if response else None,
         "response_headers": [list(pair) for pair in response.headers] if response else [],
         "response_body": response.body if response else None,

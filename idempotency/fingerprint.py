@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
+from json.encoder import encode_basestring_ascii as _quote  # what json.dumps(str) returns
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
@@ -101,25 +102,31 @@ def canonical(
 
 def _dump(value: Any, room: int) -> str:
     """The canonical text of ``value``, which may nest ``room`` more levels (bounded)."""
+    if isinstance(value, str):  # the commonest leaf first
+        return _quote(value)
     if isinstance(value, Mapping):
         if not room:
             raise _too_deep()
         items = sorted((str(key), item) for key, item in value.items())
-        inner = ",".join(f"{json.dumps(key)}:{_dump(item, room - 1)}" for key, item in items)
+        inner = ",".join(f"{_quote(key)}:{_dump(item, room - 1)}" for key, item in items)
         return "{" + inner + "}"
     if isinstance(value, (list, tuple)):
         if not room:
             raise _too_deep()
         return "[" + ",".join(_dump(item, room - 1) for item in value) + "]"
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
     if isinstance(value, int) and -_INT_PLAIN < value < _INT_PLAIN:
         return str(value)  # the text _number gives it, faster
     if isinstance(value, (int, float, Decimal)):
         return _number(Decimal(str(value)) if isinstance(value, float) else Decimal(value))
     if isinstance(value, UploadedFile):
-        return json.dumps(f"file:{value.name}:{_file_digest(value)}")
-    return json.dumps(str(value))
+        return _quote(f"file:{value.name}:{_file_digest(value)}")
+    return _quote(str(value))
 
 
 _INT_PLAIN = 10**_PLAIN_EXPONENTS.stop

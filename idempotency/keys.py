@@ -8,6 +8,11 @@ from typing import Any
 from idempotency.exceptions import KeyInvalid
 
 _FORBIDDEN = {",", '"'}
+# Every visible ASCII character but the forbidden ones, deleted by ``str.translate``:
+# a valid key translates to nothing (one C call instead of a loop per character).
+_ALLOWED = str.maketrans(
+    dict.fromkeys(chr(code) for code in range(0x21, 0x7F) if chr(code) not in _FORBIDDEN)
+)
 
 
 def parse_key(raw: str, *, max_length: int) -> str:
@@ -28,7 +33,7 @@ def validate_key(key: str, *, max_length: int) -> None:
         raise KeyInvalid("The idempotency key must not be empty.")
     if len(key) > max_length:
         raise KeyInvalid(f"The idempotency key must be at most {max_length} characters long.")
-    if any(not ("\x21" <= char <= "\x7e") or char in _FORBIDDEN for char in key):
+    if key.translate(_ALLOWED):
         raise KeyInvalid(
             "The idempotency key may only contain visible ASCII characters "
             "(0x21 to 0x7E) other than ',' and '\"'."

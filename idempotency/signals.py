@@ -10,28 +10,32 @@ docs/observability.md documents each one; idempotency/logs.py logs each one.
 
 from django.dispatch import Signal
 
+# Every signal is sent with ``sender=IdempotencyRecord``: Django keeps each one's
+# receivers for that sender (``use_caching``, dropped on every connect and
+# disconnect) instead of filtering the list of receivers on every request.
+
 # A request claimed the record and will run the work.
 # record, operation, reclaimed: bool (True when a FAILED_RETRYABLE record was re-claimed)
-record_claimed = Signal()
+record_claimed = Signal(use_caching=True)
 # A repeat was answered from the stored outcome; the work did not run.
 # record, operation
-response_replayed = Signal()
+response_replayed = Signal(use_caching=True)
 # A repeat arrived while the first attempt was in flight (answered 409).
 # operation, retry_after: int (seconds)
-key_in_use = Signal()
+key_in_use = Signal(use_caching=True)
 # The key was sent again with a different request fingerprint (answered 422).
 # record, operation
-key_reused = Signal()
+key_reused = Signal(use_caching=True)
 # An attempt recorded its outcome (or, in lease mode, failed and released the key).
 # record, operation, status: Status (SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE)
-record_completed = Signal()
+record_completed = Signal(use_caching=True)
 # The database failed under a protected call (answered 503 over HTTP); nothing was recorded.
 # operation (None when it failed before the operation was known, e.g. in authentication),
 # error: the database's exception, retry_after: int (seconds)
-database_unavailable = Signal()
+database_unavailable = Signal(use_caching=True)
 # Recovery resolved an expired or stuck record.
 # record, operation: str, outcome (one of "succeeded", "released", "needs_review", "unknown")
-record_recovered = Signal()
+record_recovered = Signal(use_caching=True)
 # Purge deleted (or, with dry_run, counted) expired records.
 # count: int, dry_run: bool
-records_purged = Signal()
+records_purged = Signal(use_caching=True)

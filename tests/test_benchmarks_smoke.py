@@ -45,6 +45,9 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     # the third server, with the replay cache in Redis
     assert "| idempotency (atomic) (replay cache), replays |" in result.stdout
     assert "| replays / fresh creates, throughput (replay cache) |" in result.stdout
+    # a create as a real endpoint does it, with and without protection
+    assert "| placed order, unprotected |" in result.stdout
+    assert "| placed order, idempotency (atomic), replays |" in result.stdout
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 
@@ -79,7 +82,33 @@ def test_in_process_breakdown_runs_and_prints_its_table():
     )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("| variant | requests | this process, CPU ms")
-    assert [line.split(" | ")[1] for line in lines[2:]] == ["5"] * 6  # every variant ran
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["5"] * 8  # every variant ran
+    assert any(line.startswith("| placed order, idempotency (atomic) |") for line in lines)
+
+
+def test_profile_runs_and_prints_its_tables():
+    result = _run(
+        "benchmarks/profiling.py",
+        *("--rounds", "1", "--requests", "5", "--top", "3", "--database", _database("profile")),
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | requests | calls per request")
+    assert [line.split(" | ")[0] for line in lines[2:5]] == [
+        "| unprotected",
+        "| idempotency (atomic)",
+        "| replays",
+    ]
+    assert "### idempotency (atomic): top 3 functions by own time" in result.stdout
+
+
+def test_hot_update_measurement_runs_and_prints_its_table():
+    result = _run(
+        "benchmarks/hot_update.py",
+        *("--records", "2000", "--creates", "20", "--database", _database("hot")),
+    )
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 4  # the header and every configuration
+    assert "| as shipped (fillfactor 100, every index) |" in result.stdout
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -67,6 +67,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E032", {"IN_FLIGHT": "409"}),
     ("idempotency.E032", {"IN_FLIGHT": True}),
     ("idempotency.E033", {"TRANSACTION_POOLING": "transaction"}),
+    ("idempotency.E034", {"READ_FIRST": True}),
+    ("idempotency.E034", {"READ_FIRST": "sometimes"}),
 ]
 
 

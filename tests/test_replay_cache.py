@@ -6,6 +6,7 @@ each under a key prefix of its own.
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import timedelta
 
@@ -27,7 +28,7 @@ from tests.factories import IdempotencyRecordFactory, UserFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORDER = {"sku": "book", "quantity": 2}
-REDIS = "redis://127.0.0.1:6379/14"
+REDIS = os.environ.get("IDEMPOTENCY_TEST_REPLAY_CACHE", "redis://127.0.0.1:6379/14")
 
 
 @pytest.fixture(autouse=True)

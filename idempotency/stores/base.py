@@ -138,6 +138,15 @@ class Store(ABC):
         """
 
     @abstractmethod
+    def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
+        """The record holding (scope, key) if it is final (``SUCCEEDED``, ``FAILED_FINAL``).
+
+        One indexed read, no lock, in whatever transaction (or autocommit) the
+        connection is in: a final record never changes, so it can be answered
+        as read. ``None`` when there is no such record or it is not final.
+        """
+
+    @abstractmethod
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
 

@@ -18,7 +18,7 @@ from django.db import DatabaseError
 from django.db.models import DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.stores.base import Candidate, Contention, Store
 from idempotency.waiting import pauses
 
@@ -31,6 +31,10 @@ class GenericStore(Store):
         self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
     ) -> IdempotencyRecord | None:
         return None
+
+    def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
+        found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)[:1]
+        return next(iter(found), None)
 
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         self.records().bulk_create([candidate.instance()], ignore_conflicts=True)

@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.stores.base import Candidate, Contention, transaction_pooled
 from idempotency.stores.generic import GenericStore
 from idempotency.waiting import pauses
@@ -34,11 +34,14 @@ _RETRY = frozenset({"40P01", "40001"})
 
 # The text columns a request fills in; every other column of a new record starts
 # the same (its model default, prepared once) or from the database clock.
-_PER_REQUEST = frozenset(
-    {"scope", "idem_key", "operation", "request_hash", "request_method", "request_path"}
-    | {"owner_token"}
+_PER_REQUEST_ORDER = (
+    *("scope", "idem_key", "operation", "request_hash", "request_method", "request_path"),
+    "owner_token",
 )
+_PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
 _DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
+# The columns a finish writes whose values need their field's own preparation.
+_ADAPTED = frozenset({"response_headers", "response_body"})
 _NOW = "STATEMENT_TIMESTAMP()"
 
 
@@ -57,16 +60,15 @@ class PostgresStore(GenericStore):
         value once the insert is done, instead of two ``SET LOCAL`` round trips.
         """
         leased = lease is not None
-        values = [
-            self._defaults[field.name]
-            if field.name in self._defaults
-            else getattr(candidate, field.name)
-            for field in _inserted(leased)
-            if field.name not in _DATABASE_CLOCK
-        ]
-        params = (
+        params: tuple[Any, ...] = (
             _milliseconds(lock_timeout),
-            *values,
+            candidate.scope,
+            candidate.idem_key,
+            candidate.operation,
+            candidate.request_hash,
+            candidate.request_method,
+            candidate.request_path,
+            candidate.owner_token,
             *([lease] if leased else []),
             candidate.scope,
             candidate.idem_key,
@@ -76,6 +78,14 @@ class PostgresStore(GenericStore):
             cursor.execute(self._claim_leased_sql if leased else self._claim_sql, params)
             *row, _restored = cursor.fetchone()
         return self._record(connection, row)
+
+    def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
+        """One indexed read of the final record, composed once (the ORM costs more than it)."""
+        connection = self.connection
+        with connection.cursor() as cursor:
+            cursor.execute(self._read_final_sql, (scope, key))
+            row = cursor.fetchone()
+        return None if row is None else self._record(connection, list(row))
 
     @contextmanager
     def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
@@ -95,7 +105,14 @@ class PostgresStore(GenericStore):
         self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
         connection, names = self.connection, tuple(values)
-        params = [_field(name).get_db_prep_save(values[name], connection) for name in names]
+        # Text and numbers go as they are; only the JSON and binary columns need their
+        # field's preparation (an adapter object), and only when they hold a value.
+        params = [
+            _field(name).get_db_prep_save(value, connection)
+            if name in _ADAPTED and value is not None
+            else value
+            for name, value in values.items()
+        ]
         params += [expires_in] if expires_in is not None else []
         params += [pk, token, Status.PROCESSING.value]
         with connection.cursor() as cursor:
@@ -219,6 +236,15 @@ class PostgresStore(GenericStore):
         return _every_field().index(IdempotencyRecord._meta.pk)
 
     @cached_property
+    def _read_final_sql(self) -> str:
+        every = ", ".join(self._quote(field.column) for field in _every_field())
+        final = ", ".join(f"'{status.value}'" for status in sorted(REPLAYABLE))
+        return (
+            f"SELECT {every} FROM {self._table} WHERE {self._column('scope')} = %s "
+            f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final})"
+        )
+
+    @cached_property
     def _claim_sql(self) -> str:
         return self._compose_claim(leased=False)
 
@@ -227,9 +253,15 @@ class PostgresStore(GenericStore):
         return self._compose_claim(leased=True)
 
     def _compose_claim(self, *, leased: bool) -> str:
-        fields = _inserted(leased)
+        # The request's own values are parameters, in _PER_REQUEST_ORDER (as ``claim``
+        # passes them); the columns every new record starts with the same are
+        # literals, prepared and quoted once here: fewer parameters to adapt per claim.
+        fields = [
+            *(_field(name) for name in _PER_REQUEST_ORDER),
+            *(field for field in _inserted(leased) if field.name not in _PER_REQUEST),
+        ]
         columns = [self._column(field.name) for field in fields]
-        values = [_NOW if field.name in _DATABASE_CLOCK else "%s" for field in fields]
+        values = [self._literal(field.name) for field in fields]
         if leased:
             columns.append(self._column("lease_until"))
             values.append(f"{_NOW} + %s")
@@ -256,6 +288,16 @@ class PostgresStore(GenericStore):
                 SELECT {every} FROM {self._table} WHERE {scope} = %s AND {key} = %s
             ) AS record ON TRUE
         """
+
+    def _literal(self, name: str) -> str:
+        """What a new record's column ``name`` is inserted as, in the claim statement."""
+        if name in _PER_REQUEST:
+            return "%s"
+        if name in _DATABASE_CLOCK:
+            return _NOW
+        ops: Any = self.connection.ops  # PostgreSQL's operations can quote a value
+        literal: str = ops.compose_sql("%s", [self._defaults[name]])
+        return literal.replace("%", "%%")  # the statement still has placeholders
 
     def _finish_sql(self, names: tuple[str, ...], expires: bool) -> str:
         key = (names, expires)
