@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from idempotency.core import InFlight, Mode
-from idempotency.http import AnyRequest, IdempotencyOptions, aprotect, protect
+from idempotency.http import AnyRequest, IdempotencyOptions, aprotect, decorate, protect
 from idempotency.resolvers import ResolverSpec, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -119,14 +119,7 @@ def idempotent(
         _refuse_ninja_operation(wrapper)
         return wrapper  # type: ignore[return-value]
 
-    if view is not None:
-        if not callable(view):
-            raise TypeError(
-                f"@idempotent takes its options by keyword, not {view!r}: write "
-                "@idempotent(operation=...) or @idempotent()."
-            )
-        return decorator(view)
-    return decorator
+    return decorate(view, decorator)
 
 
 _NINJA = (

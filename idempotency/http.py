@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
@@ -55,6 +55,8 @@ from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
+
+V = TypeVar("V", bound=Callable[..., Any])
 
 logger = logging.getLogger("idempotency")
 
@@ -271,6 +273,18 @@ def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
         return fingerprint([material])
     function = idempotency_settings.FINGERPRINT_FUNCTION
     return str(function(request, fields=options.fields, exclude=options.exclude))
+
+
+def decorate(view: Any, decorator: Callable[[V], V]) -> V | Callable[[V], V]:
+    """What ``@idempotent`` returns, bare (``view`` given) or called (``view`` is None)."""
+    if view is None:
+        return decorator
+    if not callable(view):
+        raise TypeError(
+            f"@idempotent takes its options by keyword, not {view!r}: write "
+            "@idempotent(operation=...) or @idempotent()."
+        )
+    return decorator(view)
 
 
 def default_scope(request: AnyRequest, operation: str) -> str:

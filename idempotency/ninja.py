@@ -34,6 +34,7 @@ from idempotency.http import (
     SAFE_METHODS,
     IdempotencyOptions,
     aprotect,
+    decorate,
     default_scope,
     error_response,
     json_body,
@@ -137,14 +138,7 @@ def idempotent(
         decorate_view(_serving)(wrapper)
         return wrapper  # type: ignore[return-value]
 
-    if view is not None:
-        if not callable(view):
-            raise TypeError(
-                f"@idempotent takes its options by keyword, not {view!r}: write "
-                "@idempotent(operation=...) or @idempotent()."
-            )
-        return decorator(view)
-    return decorator
+    return decorate(view, decorator)
 
 
 def answer_outages(api: NinjaAPI) -> None:
