@@ -10,7 +10,7 @@ so every change made through Django is seen at once.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Generic, TypeVar, overload
 
@@ -136,7 +136,11 @@ class Settings:
         self._values: dict[str, Any] = {}
 
     def _get(self, name: str) -> Any:
-        user = getattr(django_settings, "IDEMPOTENCY", None) or {}
+        user = getattr(django_settings, "IDEMPOTENCY", None)
+        if not isinstance(user, Mapping):
+            # Not a dict: check idempotency.E001 says so (and requests refuse to run, see
+            # checks.validate_settings); what reads a setting on import gets the default.
+            return DEFAULTS[name]
         return user.get(name, DEFAULTS[name])
 
     def reload(self) -> None:
