@@ -95,8 +95,16 @@ class Operation:
     # None reads IN_FLIGHT.
     in_flight: InFlight | None = None
 
+    # Where its record lives: known once the rest is.
+    database: str = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
+        object.__setattr__(self, "database", records_database(self.using))
+
+    @cached_property
+    def store(self) -> Store:
+        return store_for(self.database)
 
     @property
     def conflict_at_once(self) -> bool:
@@ -110,14 +118,6 @@ class Operation:
         if self.wait_seconds is not None:
             return self.wait_seconds
         return idempotency_settings.WAIT_SECONDS
-
-    @cached_property
-    def database(self) -> str:
-        return records_database(self.using)
-
-    @cached_property
-    def store(self) -> Store:
-        return store_for(self.database)
 
 
 def check_in_flight(in_flight: str | None, wait_seconds: float | None) -> None:

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -23,6 +24,7 @@ from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionD
 from django.db import connections, transaction
 from django.http import Http404, HttpRequest, HttpResponse, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
+from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
 from idempotency import tracing
@@ -221,7 +223,7 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
         missing = KeyMissing(f"{missing.detail} The key function {name} found none (None).")
     else:
         header = options.header or idempotency_settings.HEADER
-        raw = _django_request(request).headers.get(header)
+        raw = _django_request(request).META.get(_meta_name(header))
         if raw is None:
             raw = _form_key(request)
         if raw is not None:
@@ -232,6 +234,12 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if required:
         raise missing
     return None
+
+
+@lru_cache(maxsize=16)
+def _meta_name(header: str) -> str:
+    # Read from META as the server put it: ``request.headers`` would copy every header first.
+    return HttpHeaders.to_wsgi_name(header)
 
 
 def _form_key(request: AnyRequest) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,11 @@ try:
     from opentelemetry import trace
 except ImportError:  # the ``otel`` extra is not installed: no spans
     trace = None  # type: ignore[assignment]
+
+# The providers of the API alone, before (or without) an SDK: their spans record nothing.
+_NOT_RECORDING: tuple[type, ...] = (
+    (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
+)
 
 TRACER_NAME = "idempotency"
 
@@ -81,12 +86,24 @@ def unkeyed() -> None:
         call.decide(UNKEYED)
 
 
+_NO_SPAN = nullcontext()
+
+
+def span(operation: str, mode: str, using: str | None = None) -> AbstractContextManager[None]:
+    """The span of one protected call; errors pass through it unchanged.
+
+    Nothing at all while no SDK is set up (OpenTelemetry's API alone hands out
+    spans that record nothing): a protected request pays for tracing only where
+    someone reads the spans.
+    """
+    if trace is None or isinstance(trace.get_tracer_provider(), _NOT_RECORDING):
+        return _NO_SPAN
+    return _span(operation, mode, using)
+
+
 @contextmanager
-def span(operation: str, mode: str, using: str | None = None) -> Iterator[None]:
-    """The span of one protected call; errors pass through it unchanged."""
-    if trace is None:
-        yield
-        return
+def _span(operation: str, mode: str, using: str | None) -> Iterator[None]:
+    assert trace is not None
     tracer = trace.get_tracer(TRACER_NAME)
     attributes = {
         "idempotency.operation": operation,
@@ -99,6 +116,9 @@ def span(operation: str, mode: str, using: str | None = None) -> Iterator[None]:
         record_exception=False,
         set_status_on_exception=False,
     ) as current:
+        if not current.is_recording():  # sampled out: nothing the signals say is kept
+            yield
+            return
         call = _Call(current)
         token = _CURRENT.set(call)
         try:
@@ -144,7 +164,9 @@ def key_digest(scope: str, key: str) -> str:
 
 def _current(operation: Any) -> _Call | None:
     call = _CURRENT.get()
-    if call is not None and getattr(operation, "key", None) is not None:
+    if call is None or "idempotency.key_digest" in call.attributes:
+        return call
+    if getattr(operation, "key", None) is not None:
         call.attributes["idempotency.key_digest"] = key_digest(operation.scope, operation.key)
     return call
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,8 +41,8 @@ _PER_REQUEST_ORDER = (
 )
 _PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
 _DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
-# The columns a finish writes whose values need their field's own preparation.
-_ADAPTED = frozenset({"response_headers", "response_body"})
+# The JSON columns a finish writes: sent as JSON text and cast in the statement.
+_JSON = frozenset({"response_headers"})
 _NOW = "STATEMENT_TIMESTAMP()"
 
 
@@ -76,7 +77,9 @@ class PostgresStore(GenericStore):
         connection = self.connection
         with connection.cursor() as cursor:
             cursor.execute(self._claim_leased_sql if leased else self._claim_sql, params)
-            *row, _restored = cursor.fetchone()
+            claimed, lease_until, *row, _restored = cursor.fetchone()
+        if claimed is not None:
+            return self._claimed_record(claimed, lease_until, candidate)
         return self._record(connection, row)
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
@@ -104,18 +107,16 @@ class PostgresStore(GenericStore):
     def finish(
         self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
-        connection, names = self.connection, tuple(values)
-        # Text and numbers go as they are; only the JSON and binary columns need their
-        # field's preparation (an adapter object), and only when they hold a value.
+        names = tuple(values)
+        # Every value goes as text, bytes or a number: the JSON column's as its text, cast
+        # in the statement (what the field's own adapter would send, without building one).
         params = [
-            _field(name).get_db_prep_save(value, connection)
-            if name in _ADAPTED and value is not None
-            else value
+            json.dumps(value) if name in _JSON and value is not None else value
             for name, value in values.items()
         ]
         params += [expires_in] if expires_in is not None else []
         params += [pk, token, Status.PROCESSING.value]
-        with connection.cursor() as cursor:
+        with self.connection.cursor() as cursor:
             cursor.execute(self._finish_sql(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
@@ -201,6 +202,19 @@ class PostgresStore(GenericStore):
         ]
         return IdempotencyRecord.from_db(self.alias, self._attnames, values)
 
+    def _claimed_record(self, pk: int, lease_until: Any, candidate: Candidate) -> IdempotencyRecord:
+        """The record the claim just inserted, from what it inserted: nothing read back.
+
+        The database clock's columns (``created_at``, ``updated_at``) are left
+        deferred: the ORM reads them on first access, which the protocol never makes.
+        """
+        names, values = self._inserted_names, self._inserted_values.copy()
+        values[self._inserted_pk_position], values[self._lease_position] = pk, lease_until
+        for position, name in self._candidate_positions:
+            values[position] = getattr(candidate, name)
+        values[self._headers_position] = []  # a fresh default: the field's is a list
+        return IdempotencyRecord.from_db(self.alias, names, values)
+
     def _set_lock_timeout(self, value: str) -> str:
         """Set ``lock_timeout`` for the transaction; returns the value it replaced, in one trip."""
         with self.connection.cursor() as cursor:
@@ -222,6 +236,33 @@ class PostgresStore(GenericStore):
             for field in _inserted(False)
             if field.name not in _PER_REQUEST | _DATABASE_CLOCK
         }
+
+    @cached_property
+    def _inserted_names(self) -> list[str]:
+        """The columns a new record's values are known of, in the model's order: pk first."""
+        return [field.attname for field in _every_field() if field.name not in _DATABASE_CLOCK]
+
+    @cached_property
+    def _inserted_values(self) -> list[Any]:
+        """A new record's values (the model's defaults) in ``_inserted_names``' order."""
+        template = IdempotencyRecord(status=Status.PROCESSING)
+        return [getattr(template, name) for name in self._inserted_names]
+
+    @cached_property
+    def _candidate_positions(self) -> list[tuple[int, str]]:
+        return [(self._inserted_names.index(name), name) for name in _PER_REQUEST_ORDER]
+
+    @cached_property
+    def _inserted_pk_position(self) -> int:
+        return self._inserted_names.index(IdempotencyRecord._meta.pk.attname)
+
+    @cached_property
+    def _lease_position(self) -> int:
+        return self._inserted_names.index("lease_until")
+
+    @cached_property
+    def _headers_position(self) -> int:
+        return self._inserted_names.index("response_headers")
 
     @cached_property
     def _converters(self) -> list[Any]:
@@ -267,8 +308,11 @@ class PostgresStore(GenericStore):
             values.append(f"{_NOW} + %s")
         every = ", ".join(self._quote(field.column) for field in _every_field())
         scope, key = self._column("scope"), self._column("idem_key")
-        # The read of the record holding the key shares the insert's snapshot: it
-        # never sees the row this statement inserts, only one committed before it.
+        pk, lease_until = self._column("id"), self._column("lease_until")
+        # A new record comes back as its id (and lease) alone: the rest is what was
+        # inserted. The read of the record holding the key shares the insert's
+        # snapshot: it never sees the row this statement inserts, only one committed
+        # before it, and is answered only when nothing was inserted.
         return f"""
             WITH previous AS MATERIALIZED (
                 SELECT current_setting('lock_timeout') AS lock_timeout
@@ -278,15 +322,15 @@ class PostgresStore(GenericStore):
                 INSERT INTO {self._table} ({", ".join(columns)})
                 SELECT {", ".join(values)} FROM bounded
                 ON CONFLICT ({scope}, {key}) DO NOTHING
-                RETURNING {every}
+                RETURNING {pk}, {lease_until}
             )
-            SELECT record.*, set_config('lock_timeout', bounded.lock_timeout, true) AS restored
+            SELECT claimed.{pk}, claimed.{lease_until}, record.*,
+                set_config('lock_timeout', bounded.lock_timeout, true) AS restored
             FROM bounded
+            LEFT JOIN claimed ON TRUE
             LEFT JOIN (
-                SELECT {every} FROM claimed
-                UNION ALL
                 SELECT {every} FROM {self._table} WHERE {scope} = %s AND {key} = %s
-            ) AS record ON TRUE
+            ) AS record ON claimed.{pk} IS NULL
         """
 
     def _literal(self, name: str) -> str:
@@ -302,7 +346,9 @@ class PostgresStore(GenericStore):
     def _finish_sql(self, names: tuple[str, ...], expires: bool) -> str:
         key = (names, expires)
         if key not in self._finish_statements:
-            assignments = [f"{self._column(name)} = %s" for name in names] + [
+            assignments = [
+                f"{self._column(name)} = %s{'::jsonb' if name in _JSON else ''}" for name in names
+            ] + [
                 f"{self._column('lease_until')} = NULL",
                 f"{self._column('completed_at')} = {_NOW}",
                 f"{self._column('updated_at')} = {_NOW}",
