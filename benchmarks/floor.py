@@ -69,10 +69,10 @@ def measure(database: Database, rounds: int, seconds: int, clients: int) -> Floo
 def _scripts() -> dict[str, str]:
     key = f"floor-{uuid.uuid4().hex}"
     insert, claim, finish = _captured_statements(key)
-    # The claim returns the record's row: pgbench's \gset makes each column a
-    # variable, and the finish uses :id. Each transaction takes a new key.
+    # The claim returns the new record's id: pgbench's \gset makes each column a
+    # variable, and the finish uses :claimed_id. Each transaction takes a new key.
     claim = claim.replace(f"'{key}'", "'floor-' || :k")
-    finish = re.sub(r'"id" = \d+', '"id" = :id', finish, count=1)
+    finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
     return {
         UNPROTECTED: f"{insert};\n",
         TRANSACTION: f"BEGIN;\n{insert};\nCOMMIT;\n",

@@ -295,7 +295,7 @@ def _execute_atomic(
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
     def run() -> tuple[bool, T | IdempotencyRecord | None]:
-        with transaction.atomic(using=operation.database):
+        with transaction.atomic(using=operation.database), operation.store.statements():
             attempt, existing = _claim(operation)
             if attempt is None:
                 return False, existing

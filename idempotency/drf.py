@@ -30,12 +30,12 @@ from idempotency.http import (
     FrameworkAdapter,
     IdempotencyOptions,
     error_status,
+    fields_hash,
+    header_key,
     outage_response,
     problem_response,
     protect,
-    read_key,
     register_adapter,
-    request_hash,
 )
 from idempotency.models import Status
 from idempotency.resolvers import ResolverSpec, register
@@ -82,19 +82,13 @@ class IdempotentMixin:
             register(name, resolver)
 
     def get_idempotency_key(self, request: Request) -> str | None:
-        options = IdempotencyOptions(
-            header=self.idempotency_header, required=self.idempotency_required
-        )
-        return read_key(request, options)
+        return header_key(request, self.idempotency_header, self.idempotency_required)
 
     def get_idempotency_scope(self, request: Request, operation: str) -> str:
         return str(idempotency_settings.SCOPE_FUNCTION(request, operation))
 
     def get_idempotency_fingerprint(self, request: Request) -> str:
-        options = IdempotencyOptions(
-            fields=self.idempotency_fields, exclude=self.idempotency_exclude
-        )
-        return request_hash(request, options)
+        return fields_hash(request, self.idempotency_fields, self.idempotency_exclude)
 
     def get_idempotency_outcome(self, response: HttpResponseBase) -> Status | None:
         policy: Callable[[HttpResponseBase], Status | None] = idempotency_settings.OUTCOME_POLICY

@@ -211,29 +211,34 @@ async def aprotect(
 
 
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
-    max_length = idempotency_settings.MAX_KEY_LENGTH
-    missing = KeyMissing()
-    if options.key is not None:
-        function = load_callable(options.key, "key")
-        key = function(request)
-        if key is not None:
-            validate_key(checked_key(key, function), max_length=max_length)
-            return str(key)
+    if options.key is None:
+        return header_key(request, options.header, options.required)
+    function = load_callable(options.key, "key")
+    key = function(request)
+    if key is not None:
+        validate_key(checked_key(key, function), max_length=idempotency_settings.MAX_KEY_LENGTH)
+        return str(key)
+    if _required(options.required):
         name = getattr(function, "__qualname__", repr(function))
-        missing = KeyMissing(f"{missing.detail} The key function {name} found none (None).")
-    else:
-        header = options.header or idempotency_settings.HEADER
-        raw = _django_request(request).META.get(_meta_name(header))
-        if raw is None:
-            raw = _form_key(request)
-        if raw is not None:
-            return parse_key(raw, max_length=max_length)
-    required = (
-        options.required if options.required is not None else idempotency_settings.REQUIRE_KEY
-    )
-    if required:
-        raise missing
+        raise KeyMissing(f"{KeyMissing.default_detail} The key function {name} found none (None).")
     return None
+
+
+def header_key(request: AnyRequest, header: str | None, required: bool | None) -> str | None:
+    """The key of the ``header`` header (default ``HEADER``), or of the form's key field."""
+    name = _meta_name(header or idempotency_settings.HEADER)
+    raw = _django_request(request).META.get(name)
+    if raw is None:
+        raw = _form_key(request)
+    if raw is not None:
+        return parse_key(raw, max_length=idempotency_settings.MAX_KEY_LENGTH)
+    if _required(required):
+        raise KeyMissing()
+    return None
+
+
+def _required(required: bool | None) -> bool:
+    return required if required is not None else idempotency_settings.REQUIRE_KEY
 
 
 @lru_cache(maxsize=16)
@@ -279,8 +284,15 @@ def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
     if options.fingerprint is not None:
         material = load_callable(options.fingerprint, "fingerprint")(request)
         return fingerprint([material])
+    return fields_hash(request, options.fields, options.exclude)
+
+
+def fields_hash(
+    request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
+) -> str:
+    """The request's hash by ``FINGERPRINT_FUNCTION``, over ``fields`` less ``exclude``."""
     function = idempotency_settings.FINGERPRINT_FUNCTION
-    return str(function(request, fields=options.fields, exclude=options.exclude))
+    return str(function(request, fields=fields, exclude=exclude))
 
 
 def decorate(view: Any, decorator: Callable[[V], V]) -> V | Callable[[V], V]:
@@ -311,12 +323,13 @@ def default_fingerprint(
 ) -> str:
     """SHA-256 of the method, the path, the sorted query and the canonical body."""
     django_request = _django_request(request)
-    query = sorted(django_request.GET.lists())
+    # Most unsafe requests have no query string: "[]" without parsing one.
+    query = sorted(django_request.GET.lists()) if django_request.META.get("QUERY_STRING") else []
     return fingerprint(
         [
             (django_request.method or "").upper(),
             django_request.path,
-            json.dumps(query),
+            json.dumps(query) if query else "[]",
             _canonical_body(request, fields, exclude),
         ]
     )
@@ -359,7 +372,7 @@ def json_body(request: AnyRequest) -> Any:
     nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
     """
     django_request = _django_request(request)
-    cached = getattr(django_request, "_idempotency_json", _UNPARSED)
+    cached = vars(django_request).get("_idempotency_json", _UNPARSED)  # no AttributeError
     if cached is not _UNPARSED:
         return cached
     content_type = django_request.content_type or ""

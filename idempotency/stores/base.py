@@ -8,7 +8,8 @@ The contract every store keeps:
 
 - One store serves every thread: it keeps no connection, cursor or
   per-request state (``self.connection`` looks the thread's connection up
-  each time), only what is the same for the whole alias (composed SQL).
+  each time), only what is the same for the whole alias (composed SQL), and
+  the cursor a thread opened with ``statements`` while that thread is inside it.
 - Every method works on ``self.alias``, inside the caller's transaction when
   there is one. None opens, commits or rolls back a transaction, except where
   its docstring says so.
@@ -34,7 +35,7 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -113,6 +114,15 @@ class Store(ABC):
     def db_system(self) -> str:
         """The database's name in telemetry (OpenTelemetry's ``db.system``): Django's vendor."""
         return self.connection.vendor
+
+    def statements(self) -> AbstractContextManager[None]:
+        """While inside, the store's statements on this thread's connection may share a cursor.
+
+        ``core`` wraps an atomic-mode attempt in it (claim, work, finish), so a
+        store that can keep one cursor open for them need not make one per
+        statement. The default shares nothing.
+        """
+        return nullcontext()
 
     # The claim
 

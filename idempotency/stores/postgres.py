@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from functools import cached_property, lru_cache
 from typing import Any
@@ -50,6 +51,37 @@ class PostgresStore(GenericStore):
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
+        self._shared = threading.local()
+
+    @contextmanager
+    def statements(self) -> Iterator[None]:
+        """The claim and the finish of an atomic-mode attempt run on one cursor.
+
+        A cursor costs more to make and close than the finish costs to send.
+        Nested (a protected call inside a protected view), the outer one's is used.
+        """
+        if self._shared_cursor() is not None:
+            yield
+            return
+        with self.connection.cursor() as cursor:
+            self._shared.cursor = cursor
+            try:
+                yield
+            finally:
+                self._shared.cursor = None
+
+    def _cursor(self) -> AbstractContextManager[Any]:
+        """The cursor ``statements`` shares on this thread's connection, or a new one."""
+        shared = self._shared_cursor()
+        return nullcontext(shared) if shared is not None else self.connection.cursor()
+
+    def _shared_cursor(self) -> Any:
+        shared = getattr(self._shared, "cursor", None)
+        # Django's connections follow the async context, not only the thread: a cursor of
+        # another context's connection is not this one's.
+        if shared is None or shared.db is not self.connection:
+            return None
+        return shared
 
     def claim(
         self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
@@ -74,13 +106,12 @@ class PostgresStore(GenericStore):
             candidate.scope,
             candidate.idem_key,
         )
-        connection = self.connection
-        with connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(self._claim_leased_sql if leased else self._claim_sql, params)
             claimed, lease_until, *row, _restored = cursor.fetchone()
         if claimed is not None:
             return self._claimed_record(claimed, lease_until, candidate)
-        return self._record(connection, row)
+        return self._record(self.connection, row)
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         """One indexed read of the final record, composed once (the ORM costs more than it)."""
@@ -116,7 +147,7 @@ class PostgresStore(GenericStore):
         ]
         params += [expires_in] if expires_in is not None else []
         params += [pk, token, Status.PROCESSING.value]
-        with self.connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(self._finish_sql(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
@@ -324,8 +355,8 @@ class PostgresStore(GenericStore):
                 ON CONFLICT ({scope}, {key}) DO NOTHING
                 RETURNING {pk}, {lease_until}
             )
-            SELECT claimed.{pk}, claimed.{lease_until}, record.*,
-                set_config('lock_timeout', bounded.lock_timeout, true) AS restored
+            SELECT claimed.{pk} AS claimed_id, claimed.{lease_until} AS claimed_lease_until,
+                record.*, set_config('lock_timeout', bounded.lock_timeout, true) AS restored
             FROM bounded
             LEFT JOIN claimed ON TRUE
             LEFT JOIN (
