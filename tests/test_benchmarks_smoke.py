@@ -143,3 +143,23 @@ def _environment() -> dict[str, str]:
         f"postgres://{default.get('USER') or 'postgres'}{password}@{server}/postgres"
     )
     return env
+
+
+def test_instruction_count_runs_and_prints_its_table():
+    result = _run(
+        "benchmarks/instructions.py",
+        *("--rounds", "1", "--requests", "2", "--baseline", "2.0"),
+        *("--database", _database("instructions")),
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | instructions per request, millions |")
+    assert [line.split(" | ")[0] for line in lines[2:8]] == [
+        "| unprotected",
+        "| idempotency (atomic)",
+        "| replays",
+        "| replays, read first",
+        "| placed order, unprotected",
+        "| placed order, idempotency (atomic)",
+    ]
+    assert "The app's own cost per protected create:" in result.stdout
+    assert "Against 2.000 million before:" in result.stdout

@@ -214,3 +214,51 @@ def test_with_djangos_default_nothing_is_prepared(own_session):
     run(operation())
     run(operation(key="k-2"))
     assert our_prepared_statements() == []
+
+
+def test_a_new_record_is_the_row_the_claim_inserted():
+    """Built from what was inserted; the database clock's columns are read on first access."""
+    attempts: list[Attempt] = []
+    with CaptureQueriesContext(connection) as queries:
+        run(operation(method="POST", path="/things/"), lambda attempt: attempts.append(attempt))
+    assert [query["sql"].split()[0].upper() for query in queries] == [
+        "BEGIN",
+        "WITH",
+        "UPDATE",
+        "COMMIT",
+    ]
+    claimed, row = attempts[0].record, IdempotencyRecord.objects.get()
+    assert claimed.pk == row.pk
+    assert claimed.get_deferred_fields() == {"created_at", "updated_at"}
+    for name in ["scope", "idem_key", "operation", "request_hash", "request_method"]:
+        assert getattr(claimed, name) == getattr(row, name)
+    assert (claimed.request_path, claimed.owner_token) == ("/things/", row.owner_token)
+    assert (claimed.attempts, claimed.version, claimed.response_headers) == (1, 1, [])
+    assert claimed.lease_until is None and claimed.resource_id == ""
+    assert claimed.created_at == row.created_at  # read now, by the ORM
+    assert claimed.get_deferred_fields() == {"updated_at"}
+
+
+def test_atomic_claim_and_finish_share_one_cursor():
+    made = []
+    original = connection.create_cursor
+
+    def counting(name=None):
+        made.append(name)
+        return original(name)
+
+    connection.create_cursor = counting  # type: ignore[method-assign]
+    try:
+        run(operation(key="one-cursor"))
+    finally:
+        del connection.create_cursor
+    assert len(made) == 1
+    assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
+
+
+def test_a_protected_call_inside_another_finishes_both_on_the_shared_cursor():
+    inner = operation(key="inner", scope="user:1:inner")
+    assert run(operation(key="outer"), lambda attempt: run(inner)) == "ran"
+    assert run(inner) == "replayed"
+    statuses = dict(IdempotencyRecord.objects.values_list("idem_key", "status"))
+    assert statuses == {"outer": Status.SUCCEEDED, "inner": Status.SUCCEEDED}

@@ -233,3 +233,17 @@ def test_the_library_works_without_opentelemetry():
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_without_an_sdk_a_protected_request_starts_no_span(api, monkeypatch):
+    """The API alone records nothing: no tracer is asked, no digest of the key is made."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("no span should be started without an SDK")
+
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    monkeypatch.setattr(trace, "get_tracer", refuse)
+    monkeypatch.setattr("idempotency.tracing.key_digest", refuse)
+    assert post(api, "no-sdk").status_code == 201
+    assert post(api, "no-sdk").status_code == 201
+    assert ours() == []
