@@ -69,9 +69,10 @@ def requests_of(database: Database) -> dict[str, Callable[[], None]]:
 
     Returns one callable per variant, each serving one request through the test
     client: ``unprotected``, ``idempotency (atomic)`` (a new key), ``replays``
-    (a key recorded by an earlier protected create), and the placed order
+    (a key recorded by an earlier protected create), the placed order
     (``benchmarks/views.py``: a create as a real endpoint does it) without and
-    with protection.
+    with protection, and ``idempotency (atomic), the twin`` (the unprotected
+    view with the mixin, routed alike).
     """
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     os.environ["DATABASE_URL"] = database.url
@@ -103,6 +104,9 @@ def requests_of(database: Database) -> dict[str, Callable[[], None]]:
         recorded.append(str(uuid.uuid4()))
         post("/api/orders/", recorded[-1])
 
+    def protected_twin() -> None:
+        post("/bench/orders/protected/", str(uuid.uuid4()))
+
     def replay() -> None:
         post("/api/orders/", recorded[len(recorded) // 2])
 
@@ -117,12 +121,14 @@ def requests_of(database: Database) -> dict[str, Callable[[], None]]:
         protected()
         placed()
         placed_protected()
+        protected_twin()
     return {
         "unprotected": unprotected,
         "idempotency (atomic)": protected,
         "replays": replay,
         "placed order, unprotected": placed,
         "placed order, idempotency (atomic)": placed_protected,
+        "idempotency (atomic), the twin": protected_twin,
     }
 
 

@@ -6,6 +6,7 @@ from benchmarks.views import (
     LeaseOrderCreate,
     OrderCreate,
     PlacedOrderCreate,
+    ProtectedOrderCreate,
     ProtectedPlacedOrderCreate,
     SlowLeaseOrderCreate,
     TransactionalOrderCreate,
@@ -17,6 +18,7 @@ from example_project.urls import urlpatterns as example_urlpatterns
 TWINS = {
     "plain": OrderCreate.as_view({"post": "create"}),
     "plain-atomic": TransactionalOrderCreate.as_view({"post": "create"}),
+    "protected": ProtectedOrderCreate.as_view({"post": "create"}),
     "lease": LeaseOrderCreate.as_view({"post": "create"}),
     "placed": PlacedOrderCreate.as_view({"post": "create"}),
     "placed-protected": ProtectedPlacedOrderCreate.as_view({"post": "create"}),

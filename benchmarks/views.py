@@ -45,6 +45,16 @@ class TransactionalOrderCreate(OrderCreate):
             return super().create(request, *args, **kwargs)
 
 
+class ProtectedOrderCreate(IdempotentCreateMixin, OrderCreate):
+    """The unprotected twin with the mixin, routed alike: the cost of protection alone.
+
+    ``/api/orders/`` (the example's ``ModelViewSet``, under a router) costs a
+    little more than the twin even without the mixin.
+    """
+
+    idempotency_operation = "bench.orders.protected"
+
+
 class LeaseOrderCreate(IdempotentCreateMixin, OrderCreate):
     """The same create in lease mode: claim, commit, work, finish (no long transaction)."""
 

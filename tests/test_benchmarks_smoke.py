@@ -153,13 +153,15 @@ def test_instruction_count_runs_and_prints_its_table():
     )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("| variant | instructions per request, millions |")
-    assert [line.split(" | ")[0] for line in lines[2:8]] == [
+    assert [line.split(" | ")[0] for line in lines[2:9]] == [
         "| unprotected",
         "| idempotency (atomic)",
+        "| idempotency (atomic), the twin",
         "| replays",
         "| replays, read first",
         "| placed order, unprotected",
         "| placed order, idempotency (atomic)",
     ]
     assert "The app's own cost per protected create:" in result.stdout
+    assert "On the unprotected create's own view:" in result.stdout
     assert "Against 2.000 million before:" in result.stdout

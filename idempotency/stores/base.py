@@ -20,7 +20,7 @@ The contract every store keeps:
 - Lease lengths and retention windows are ``timedelta``s added to the
   database's clock, never to this process's.
 - Records a store returns are model instances made by the ORM (a queryset,
-  ``.raw()`` or ``Model.from_db``), bound to ``self.alias``.
+  ``.raw()``, ``Model.from_db`` or ``record_from_row``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
   does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
   error means, and ``core`` decides what to answer (it claims again after a
@@ -35,13 +35,15 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
@@ -53,14 +55,14 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Sta
 Contention = Literal["busy", "retry"]
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """The record a claim would insert: what the request fills in, and its owner's token.
 
     Every other column starts at the model's default (``status``
     ``PROCESSING``, one attempt, version 1) or, for the timestamps, at the
     database clock. Not a model instance: the claim's hot path makes the one
-    instance it returns from the row the database answers with.
+    instance it returns from the row the database answers with. A named tuple:
+    made on every claim, it costs a fifth of a frozen dataclass.
     """
 
     scope: str
@@ -83,6 +85,28 @@ class Candidate:
             owner_token=self.owner_token,
             status=Status.PROCESSING,
         )
+
+
+def record_from_row(
+    alias: str, attnames: Sequence[str], values: Sequence[Any]
+) -> IdempotencyRecord:
+    """The record a row of ``attnames`` read from ``alias`` holds: ``Model.from_db``, made cheap.
+
+    Values as the ORM's converters give them; the columns not among
+    ``attnames`` are deferred (the ORM reads them on first access). What
+    ``Model.__init__`` does for a row (one attribute per column, its state
+    bound to ``alias``) is done here directly: its general path costs more
+    than the statement that read the row. A project that listens to
+    ``pre_init`` or ``post_init`` for the records gets them through
+    ``from_db``, its signals sent.
+    """
+    if pre_init.has_listeners(IdempotencyRecord) or post_init.has_listeners(IdempotencyRecord):
+        return IdempotencyRecord.from_db(alias, list(attnames), list(values))
+    record = IdempotencyRecord.__new__(IdempotencyRecord)
+    state = record._state = ModelState()
+    state.adding, state.db = False, alias
+    record.__dict__.update(zip(attnames, values, strict=True))
+    return record
 
 
 def transaction_pooled(alias: str) -> bool:

@@ -25,7 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
-from idempotency.stores.base import Candidate, Contention, transaction_pooled
+from idempotency.stores.base import Candidate, Contention, record_from_row, transaction_pooled
 from idempotency.stores.generic import GenericStore
 from idempotency.waiting import pauses
 
@@ -60,10 +60,11 @@ class PostgresStore(GenericStore):
         A cursor costs more to make and close than the finish costs to send.
         Nested (a protected call inside a protected view), the outer one's is used.
         """
-        if self._shared_cursor() is not None:
+        connection = self.connection
+        if self._shared_cursor(connection) is not None:
             yield
             return
-        with self.connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             self._shared.cursor = cursor
             try:
                 yield
@@ -72,14 +73,15 @@ class PostgresStore(GenericStore):
 
     def _cursor(self) -> AbstractContextManager[Any]:
         """The cursor ``statements`` shares on this thread's connection, or a new one."""
-        shared = self._shared_cursor()
-        return nullcontext(shared) if shared is not None else self.connection.cursor()
+        connection = self.connection
+        shared = self._shared_cursor(connection)
+        return nullcontext(shared) if shared is not None else connection.cursor()
 
-    def _shared_cursor(self) -> Any:
+    def _shared_cursor(self, connection: BaseDatabaseWrapper) -> Any:
         shared = getattr(self._shared, "cursor", None)
         # Django's connections follow the async context, not only the thread: a cursor of
         # another context's connection is not this one's.
-        if shared is None or shared.db is not self.connection:
+        if shared is None or shared.db is not connection:
             return None
         return shared
 
@@ -221,7 +223,7 @@ class PostgresStore(GenericStore):
     def _record(self, connection: BaseDatabaseWrapper, row: list[Any]) -> IdempotencyRecord | None:
         """The model instance for a row of every column, as the ORM would make it.
 
-        ``Model.from_db`` with each field's ``from_db_value`` (the ORM's
+        ``record_from_row`` with each field's ``from_db_value`` (the ORM's
         converters on PostgreSQL): a queryset or ``.raw()`` cost more CPU
         than the whole claim statement.
         """
@@ -231,7 +233,7 @@ class PostgresStore(GenericStore):
             value if convert is None or value is None else convert(value, None, connection)
             for convert, value in zip(self._converters, row, strict=True)
         ]
-        return IdempotencyRecord.from_db(self.alias, self._attnames, values)
+        return record_from_row(self.alias, self._attnames, values)
 
     def _claimed_record(self, pk: int, lease_until: Any, candidate: Candidate) -> IdempotencyRecord:
         """The record the claim just inserted, from what it inserted: nothing read back.
@@ -244,7 +246,7 @@ class PostgresStore(GenericStore):
         for position, name in self._candidate_positions:
             values[position] = getattr(candidate, name)
         values[self._headers_position] = []  # a fresh default: the field's is a list
-        return IdempotencyRecord.from_db(self.alias, names, values)
+        return record_from_row(self.alias, names, values)
 
     def _set_lock_timeout(self, value: str) -> str:
         """Set ``lock_timeout`` for the transaction; returns the value it replaced, in one trip."""
