@@ -9,7 +9,7 @@ The contract every store keeps:
 - One store serves every thread: it keeps no connection, cursor or
   per-request state (``self.connection`` looks the thread's connection up
   each time), only what is the same for the whole alias (composed SQL), and
-  the cursor a thread opened with ``statements`` while that thread is inside it.
+  the cursor ``statements`` opened, for the context that is inside it.
 - Every method works on ``self.alias``, inside the caller's transaction when
   there is one. None opens, commits or rolls back a transaction, except where
   its docstring says so.
@@ -140,7 +140,7 @@ class Store(ABC):
         return self.connection.vendor
 
     def statements(self) -> AbstractContextManager[None]:
-        """While inside, the store's statements on this thread's connection may share a cursor.
+        """While inside, the store's statements on this context's connection may share a cursor.
 
         ``core`` wraps an atomic-mode attempt in it (claim, work, finish), so a
         store that can keep one cursor open for them need not make one per

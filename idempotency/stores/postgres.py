@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from datetime import timedelta
 from functools import cached_property, lru_cache
 from typing import Any
@@ -51,7 +51,9 @@ class PostgresStore(GenericStore):
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
-        self._shared = threading.local()
+        # The cursor ``statements`` opened, in the async context that opened it: the
+        # one Django's connections follow (a context copied from it shares both).
+        self._shared: ContextVar[Any] = ContextVar(f"idempotency_cursor_{alias}", default=None)
 
     @contextmanager
     def statements(self) -> Iterator[None]:
@@ -60,30 +62,20 @@ class PostgresStore(GenericStore):
         A cursor costs more to make and close than the finish costs to send.
         Nested (a protected call inside a protected view), the outer one's is used.
         """
-        connection = self.connection
-        if self._shared_cursor(connection) is not None:
+        if self._shared.get() is not None:
             yield
             return
-        with connection.cursor() as cursor:
-            self._shared.cursor = cursor
+        with self.connection.cursor() as cursor:
+            token = self._shared.set(cursor)
             try:
                 yield
             finally:
-                self._shared.cursor = None
+                self._shared.reset(token)
 
     def _cursor(self) -> AbstractContextManager[Any]:
-        """The cursor ``statements`` shares on this thread's connection, or a new one."""
-        connection = self.connection
-        shared = self._shared_cursor(connection)
-        return nullcontext(shared) if shared is not None else connection.cursor()
-
-    def _shared_cursor(self, connection: BaseDatabaseWrapper) -> Any:
-        shared = getattr(self._shared, "cursor", None)
-        # Django's connections follow the async context, not only the thread: a cursor of
-        # another context's connection is not this one's.
-        if shared is None or shared.db is not connection:
-            return None
-        return shared
+        """The cursor ``statements`` shares, or a new one."""
+        shared = self._shared.get()
+        return nullcontext(shared) if shared is not None else self.connection.cursor()
 
     def claim(
         self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
@@ -148,7 +140,7 @@ class PostgresStore(GenericStore):
             for name, value in values.items()
         ]
         params += [expires_in] if expires_in is not None else []
-        params += [pk, token, Status.PROCESSING.value]
+        params += [pk, token]
         with self._cursor() as cursor:
             cursor.execute(self._finish_sql(names, expires_in is not None), params)
             return bool(cursor.rowcount)
@@ -391,7 +383,7 @@ class PostgresStore(GenericStore):
             self._finish_statements[key] = (
                 f"UPDATE {self._table} SET {', '.join(assignments)} "
                 f"WHERE {self._column('id')} = %s AND {self._column('owner_token')} = %s "
-                f"AND {self._column('status')} = %s"
+                f"AND {self._column('status')} = '{Status.PROCESSING.value}'"
             )
         return self._finish_statements[key]
 
