@@ -5,11 +5,12 @@
 #   mysql:   the MariaDB client library and pkg-config, which mysqlclient (the `mysql`
 #            extra) is built against;
 #   pgbouncer: Debian's PgBouncer, for the pass through a pooler in transaction mode
-#            (scripts/pgbouncer.sh runs a private one; the system service stays off).
-# Usage: system-deps.sh [browser] [mysql] [pgbouncer]   (no argument: all three)
+#            (scripts/pgbouncer.sh runs a private one; the system service stays off);
+#   valgrind: callgrind, for benchmarks/instructions.py (its smoke test runs in the suite).
+# Usage: system-deps.sh [browser] [mysql] [pgbouncer] [valgrind]   (no argument: all four)
 set -euo pipefail
 missing=()
-for need in "${@:-browser mysql pgbouncer}"; do
+for need in "${@:-browser mysql pgbouncer valgrind}"; do
   for name in $need; do
     case "$name" in
       browser)
@@ -22,6 +23,9 @@ for need in "${@:-browser mysql pgbouncer}"; do
         ;;
       pgbouncer)
         [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+        ;;
+      valgrind)
+        command -v valgrind >/dev/null || missing+=(valgrind)
         ;;
       *) echo "unknown system dependency group $name" >&2; exit 2 ;;
     esac
