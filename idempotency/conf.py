@@ -90,7 +90,11 @@ V = TypeVar("V")
 
 
 class _Setting(Generic[V]):
-    """A property of ``Settings``: the converted value, read once and kept until a change."""
+    """A property of ``Settings``: the converted value, read once and kept until a change.
+
+    Kept in the instance's ``__dict__``, which shadows this (non-data)
+    descriptor: every later read is a plain attribute lookup.
+    """
 
     def __init__(self, convert: Callable[[Any], V]) -> None:
         self.convert = convert
@@ -105,12 +109,9 @@ class _Setting(Generic[V]):
     def __get__(self, instance: Settings | None, owner: type) -> V | _Setting[V]:
         if instance is None:
             return self
-        try:
-            return instance._values[self.name]  # type: ignore[no-any-return]
-        except KeyError:
-            value = self.convert(instance._get(self.name))
-            instance._values[self.name] = value
-            return value
+        value = self.convert(instance._get(self.name))
+        instance.__dict__[self.name] = value
+        return value
 
 
 def _optional_str(value: Any) -> str | None:
@@ -132,8 +133,6 @@ def _retention(value: Any) -> dict[str, float]:
 
 
 class Settings:
-    def __init__(self) -> None:
-        self._values: dict[str, Any] = {}
 
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "IDEMPOTENCY", None)
@@ -145,7 +144,8 @@ class Settings:
 
     def reload(self) -> None:
         """Forget the kept values: the next access reads ``settings.IDEMPOTENCY`` again."""
-        self._values = {}
+        for name in [name for name in vars(self) if name in DEFAULTS]:
+            del self.__dict__[name]
 
     HEADER = _Setting(str)
     MAX_KEY_LENGTH = _Setting(int)
