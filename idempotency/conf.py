@@ -133,7 +133,6 @@ def _retention(value: Any) -> dict[str, float]:
 
 
 class Settings:
-
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "IDEMPOTENCY", None)
         if not isinstance(user, Mapping):
