@@ -14,8 +14,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache, cached_property
@@ -379,13 +378,13 @@ def _retried(operation: Operation, claim: Callable[[], T]) -> T:
     Only a transaction of our own can be tried again: inside the caller's,
     what the database rolled back is the caller's to handle, so that is a 409.
     """
-    connection = transaction.get_connection(operation.database)
-    retries = 0 if connection.in_atomic_block else CLAIM_RETRIES
-    for _ in range(retries):
+    for _ in range(CLAIM_RETRIES):
         try:
             return claim()
-        except _ClaimGivenUp:
-            continue
+        except _ClaimGivenUp as exc:
+            # Asked only now: the connection lookup costs more than the claim's own Python.
+            if transaction.get_connection(operation.database).in_atomic_block:
+                raise _busy(operation) from exc
     try:
         return claim()
     except _ClaimGivenUp as exc:
@@ -423,7 +422,7 @@ def _claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     record = _claim_in_one_statement(operation, token) if one_statement else None
     if record is None:
         store = operation.store
-        with _contention_answered(operation), store.bounded_lock_wait(_lock_timeout(operation)):
+        with _ContentionAnswered(operation), store.bounded_lock_wait(_lock_timeout(operation)):
             record = _insert_or_lock(operation, token)
     return _settle_claim(operation, record, token)
 
@@ -489,7 +488,7 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     held by an unfinished record.
     """
     lease = _lease_length(operation) if operation.mode == "lease" else None
-    with _contention_answered(operation):
+    with _ContentionAnswered(operation):
         record = operation.store.claim(
             _candidate(operation, token), lease=lease, lock_timeout=_lock_timeout(operation)
         )
@@ -627,18 +626,28 @@ def _lock_timeout(operation: Operation) -> float:
     return float(idempotency_settings.LOCK_TIMEOUT)
 
 
-@contextmanager
-def _contention_answered(operation: Operation) -> Iterator[None]:
-    """A claim that waited past its bound is a 409; one the database gave up, a retry."""
-    try:
-        yield
-    except DatabaseError as exc:
-        contention = operation.store.contention(exc)
+class _ContentionAnswered:
+    """A claim that waited past its bound is a 409; one the database gave up, a retry.
+
+    A class, not ``@contextmanager``: it wraps every claim, and a generator costs more.
+    """
+
+    def __init__(self, operation: Operation) -> None:
+        self.operation = operation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        if not isinstance(error, DatabaseError):
+            return
+        contention = self.operation.store.contention(error)
         if contention == "busy":
-            raise _busy(operation) from exc
+            raise _busy(self.operation) from error
         if contention == "retry":
-            raise _ClaimGivenUp() from exc
-        raise
+            raise _ClaimGivenUp() from error
 
 
 def _announce(operation: Operation) -> None:

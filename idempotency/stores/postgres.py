@@ -41,6 +41,7 @@ _PER_REQUEST_ORDER = (
     "owner_token",
 )
 _PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
+assert Candidate._fields == _PER_REQUEST_ORDER  # ``claim`` passes a candidate as it is
 _DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
 # The JSON columns a finish writes: sent as JSON text and cast in the statement.
 _JSON = frozenset({"response_headers"})
@@ -51,6 +52,7 @@ class PostgresStore(GenericStore):
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
+        self._claim_statements: dict[tuple[bool, str], str] = {}
         # The cursor ``statements`` opened, in the async context that opened it: the
         # one Django's connections follow (a context copied from it shares both).
         self._shared: ContextVar[Any] = ContextVar(f"idempotency_cursor_{alias}", default=None)
@@ -87,21 +89,10 @@ class PostgresStore(GenericStore):
         value once the insert is done, instead of two ``SET LOCAL`` round trips.
         """
         leased = lease is not None
-        params: tuple[Any, ...] = (
-            _milliseconds(lock_timeout),
-            candidate.scope,
-            candidate.idem_key,
-            candidate.operation,
-            candidate.request_hash,
-            candidate.request_method,
-            candidate.request_path,
-            candidate.owner_token,
-            *([lease] if leased else []),
-            candidate.scope,
-            candidate.idem_key,
-        )
+        # The candidate's fields are the statement's first parameters, in order.
+        params = (*candidate, *((lease,) if leased else ()), candidate.scope, candidate.idem_key)
         with self._cursor() as cursor:
-            cursor.execute(self._claim_leased_sql if leased else self._claim_sql, params)
+            cursor.execute(self._claim_sql(leased, _milliseconds(lock_timeout)), params)
             claimed, lease_until, *row, _restored = cursor.fetchone()
         if claimed is not None:
             return self._claimed_record(claimed, lease_until, candidate)
@@ -310,15 +301,18 @@ class PostgresStore(GenericStore):
             f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final})"
         )
 
-    @cached_property
-    def _claim_sql(self) -> str:
-        return self._compose_claim(leased=False)
+    def _claim_sql(self, leased: bool, lock_timeout: str) -> str:
+        """The claim statement, composed once per mode and lock wait (a few per project)."""
+        key = (leased, lock_timeout)
+        statement = self._claim_statements.get(key)
+        if statement is None:
+            if len(self._claim_statements) >= 64:  # lock waits made up per request
+                self._claim_statements.clear()
+            statement = self._compose_claim(leased=leased, lock_timeout=lock_timeout)
+            self._claim_statements[key] = statement
+        return statement
 
-    @cached_property
-    def _claim_leased_sql(self) -> str:
-        return self._compose_claim(leased=True)
-
-    def _compose_claim(self, *, leased: bool) -> str:
+    def _compose_claim(self, *, leased: bool, lock_timeout: str) -> str:
         # The request's own values are parameters, in _PER_REQUEST_ORDER (as ``claim``
         # passes them); the columns every new record starts with the same are
         # literals, prepared and quoted once here: fewer parameters to adapt per claim.
@@ -342,7 +336,8 @@ class PostgresStore(GenericStore):
             WITH previous AS MATERIALIZED (
                 SELECT current_setting('lock_timeout') AS lock_timeout
             ), bounded AS MATERIALIZED (
-                SELECT lock_timeout, set_config('lock_timeout', %s, true) FROM previous
+                SELECT lock_timeout, set_config('lock_timeout', '{lock_timeout}', true)
+                FROM previous
             ), claimed AS (
                 INSERT INTO {self._table} ({", ".join(columns)})
                 SELECT {", ".join(values)} FROM bounded
