@@ -323,8 +323,10 @@ def default_fingerprint(
 ) -> str:
     """SHA-256 of the method, the path, the sorted query and the canonical body."""
     django_request = _django_request(request)
-    # Most unsafe requests have no query string: "[]" without parsing one.
-    query = sorted(django_request.GET.lists()) if django_request.META.get("QUERY_STRING") else []
+    # Most unsafe requests have no query string: "[]" without parsing one (unless the
+    # request's GET was already made, or set by hand, when it is read as it is).
+    has_query = "GET" in vars(django_request) or django_request.META.get("QUERY_STRING")
+    query = sorted(django_request.GET.lists()) if has_query else []
     return fingerprint(
         [
             (django_request.method or "").upper(),
