@@ -53,31 +53,43 @@ class PostgresStore(GenericStore):
         super().__init__(alias)
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
         self._claim_statements: dict[tuple[bool, str], str] = {}
-        # The cursor ``statements`` opened, in the async context that opened it: the
-        # one Django's connections follow (a context copied from it shares both).
-        self._shared: ContextVar[Any] = ContextVar(f"idempotency_cursor_{alias}", default=None)
+        # The cursor ``statements`` opened, with the connection it belongs to. A context
+        # variable is copied into other threads (``asyncio.to_thread``, ``sync_to_async``,
+        # ``copy_context().run``) but Django's connections are per thread: a cursor is
+        # shared only with code that runs on its own connection, so never across threads.
+        self._shared: ContextVar[tuple[BaseDatabaseWrapper, Any] | None] = ContextVar(
+            f"idempotency_cursor_{alias}", default=None
+        )
 
     @contextmanager
     def statements(self) -> Iterator[None]:
         """The claim and the finish of an atomic-mode attempt run on one cursor.
 
         A cursor costs more to make and close than the finish costs to send.
-        Nested (a protected call inside a protected view), the outer one's is used.
+        Nested (a protected call inside a protected view), the outer one's is used,
+        but only on the connection it belongs to: a protected call made on another
+        thread inside the attempt claims and finishes on that thread's own connection,
+        in the same transaction as its business writes.
         """
-        if self._shared.get() is not None:
+        connection = self.connection
+        shared = self._shared.get()
+        if shared is not None and shared[0] is connection:
             yield
             return
-        with self.connection.cursor() as cursor:
-            token = self._shared.set(cursor)
+        with connection.cursor() as cursor:
+            token = self._shared.set((connection, cursor))
             try:
                 yield
             finally:
                 self._shared.reset(token)
 
     def _cursor(self) -> AbstractContextManager[Any]:
-        """The cursor ``statements`` shares, or a new one."""
+        """The cursor ``statements`` shares on this thread's connection, or a new one."""
+        connection = self.connection
         shared = self._shared.get()
-        return nullcontext(shared) if shared is not None else self.connection.cursor()
+        if shared is not None and shared[0] is connection:
+            return nullcontext(shared[1])
+        return connection.cursor()
 
     def claim(
         self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
