@@ -5,7 +5,8 @@ Creates a PostgreSQL database, migrates it, serves the example project with
 the benchmark twins (``benchmarks/settings.py``) under gunicorn and drives it
 over HTTP from this process, alternating the variants round by round. Then
 purge and recovery run here on bulk data. Prints one markdown document (the
-tables, the ratios, the query plans) and writes it to ``--output``.
+tables, the ratios, the query plans) and writes it to ``--output``, with the
+ratios drawn as an SVG chart beside it (``latest.svg``).
 
 ``--quick`` is a smoke run of seconds. The exit status says whether the run
 worked, never whether a target was met.
@@ -32,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import bulk, floor, http_scenarios  # noqa: E402
 from benchmarks.alternatives import ensure_installed  # noqa: E402
+from benchmarks.chart import write_chart  # noqa: E402
 from benchmarks.http_scenarios import (  # noqa: E402
     ALTERNATIVES,
     LEASE,
@@ -48,7 +50,7 @@ from benchmarks.http_scenarios import (  # noqa: E402
     Servers,
     Target,
 )
-from benchmarks.report import Results, render  # noqa: E402
+from benchmarks.report import Results, _ratios, render  # noqa: E402
 from benchmarks.server import Database, environment, gunicorn, prepare  # noqa: E402
 
 
@@ -126,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     print(document)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(document)
-    print(f"(written to {args.output})", file=sys.stderr)
+    # The ratios as a chart beside the report (latest.svg): what docs/performance.md shows.
+    chart = write_chart(_ratios(results), args.output.with_suffix(".svg"))
+    print(f"(written to {args.output} and {chart})", file=sys.stderr)
     return 0
 
 

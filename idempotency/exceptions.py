@@ -55,7 +55,10 @@ class ScopeUnavailable(IdempotencyError):
     code = "idempotency_scope_unavailable"
     title = "Idempotency scope unavailable"
     default_detail = (
-        "Idempotent requests must be authenticated; anonymous callers cannot use this operation."
+        "Idempotent requests must come from a known caller, and this request has none: "
+        "authenticate it (log in and send the session cookie with its CSRF token, or use the "
+        "API's authentication, such as a token), or give the view a scope function "
+        "(scope= or the SCOPE_FUNCTION setting) that names the caller."
     )
 
 

@@ -49,6 +49,7 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     assert "| placed order, unprotected |" in result.stdout
     assert "| placed order, idempotency (atomic), replays |" in result.stdout
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
+    assert output.with_suffix(".svg").read_text().startswith("<svg ")  # the ratios' chart
 
 
 def test_purge_at_scale_runs_and_prints_its_tables(tmp_path):

@@ -19,9 +19,9 @@ class ReportViewSet(
     mixins.ListModelMixin,
     viewsets.GenericViewSet,  # type: ignore[type-arg]
 ):
-    """The caller's reports. ``POST {"seconds": 0..30}`` with an ``Idempotency-Key``.
+    """The caller's reports. `POST {"seconds": 0..30}` with an `Idempotency-Key` header.
 
-    Generating takes ``seconds``: too long to hold a transaction, so the view
+    Generating takes `seconds`: too long to hold a transaction, so the view
     runs in lease mode. It renews its lease while it works; if the process
     dies, the resolver tells recovery whether the report was made.
     """

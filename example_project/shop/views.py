@@ -22,7 +22,12 @@ from idempotency import IdempotentCreateMixin, idempotent
 
 
 class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet):
-    """The caller's orders; ``POST`` needs an ``Idempotency-Key`` header."""
+    """The caller's orders. `POST` needs an `Idempotency-Key` header.
+
+    Send a new key (a UUID) for each order you mean to place, and the same key again
+    when you retry it: the retry gets the first response back, with
+    `Idempotent-Replayed: true`, and no second order is made.
+    """
 
     serializer_class = OrderSerializer
 
