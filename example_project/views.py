@@ -15,6 +15,7 @@ ENDPOINTS = {
     "ninja:orders": "Orders through django-ninja. POST needs an Idempotency-Key header.",
     "ninja:async-orders": "POST: the same, served by an async ninja operation.",
     "ninja:openapi-json": "OpenAPI schema of the ninja API.",
+    "partner-orders": "A plain Django view: POST with a partner token and an Idempotency-Key.",
     "admin:index": "Django admin.",
 }
 
