@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from django.db import DatabaseError, connections, transaction
 
 from idempotency import replay_cache, signals, waiting
-from idempotency.checks import validate_settings
+from idempotency.settings_checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import (
     OUTAGE_ERRORS,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import tracing
-from idempotency.checks import validate_settings
+from idempotency.settings_checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.core import (
     MODES,

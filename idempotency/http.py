@@ -28,7 +28,7 @@ from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
 from idempotency import tracing
-from idempotency.checks import validate_settings
+from idempotency.settings_checks import validate_settings
 from idempotency.conf import (
     FORBIDDEN_REPLAY_HEADERS,
     idempotency_settings,
