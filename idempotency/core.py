@@ -23,7 +23,6 @@ from typing import Any, Literal, TypeVar
 from django.db import DatabaseError, connections, transaction
 
 from idempotency import replay_cache, signals, waiting
-from idempotency.settings_checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import (
     OUTAGE_ERRORS,
@@ -38,6 +37,7 @@ from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.recovery import settle
 from idempotency.resolvers import ResolverSpec, resolver_for
 from idempotency.retention import retention_for
+from idempotency.settings_checks import validate_settings
 from idempotency.stores import Candidate, Store, records_database, store_for
 
 logger = logging.getLogger("idempotency")

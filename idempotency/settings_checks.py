@@ -246,7 +246,8 @@ def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
         return []
     return [
         Error(
-            f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, not {alias!r}.",
+            f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, "
+            f"not {alias!r}.",
             hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
             id="idempotency.E029",
         )
