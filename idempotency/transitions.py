@@ -21,7 +21,7 @@ from idempotency.retention import retention_for
 from idempotency.stores import records_database
 
 # Transitions made outside a request: by recovery or by an operator.
-# (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to core.claim.)
+# (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to idempotency.claim.)
 ALLOWED: dict[str, frozenset[str]] = {
     Status.PROCESSING: frozenset(
         {Status.SUCCEEDED, Status.FAILED_RETRYABLE, Status.FAILED_FINAL, Status.NEEDS_REVIEW}
