@@ -24,6 +24,11 @@ from idempotency.models import PURGEABLE, IdempotencyRecord
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
 
 
+def _error(msg: str, *, id: str, hint: str | None = None) -> list[CheckMessage]:
+    """One error, as a check returns it (``id`` as Django's ``Error`` names it)."""
+    return [Error(msg, hint=hint, id=id)]
+
+
 def settings_messages(user: object) -> list[CheckMessage]:
     """What is wrong with ``user`` (``settings.IDEMPOTENCY``), one message per bad value."""
     if not isinstance(user, dict):
@@ -38,27 +43,23 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
     unknown = sorted(set(user) - set(DEFAULTS))
     if not unknown:
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY has unknown keys: {', '.join(unknown)}.",
-            hint=f"Valid keys are: {', '.join(sorted(DEFAULTS))}.",
-            id="idempotency.E002",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY has unknown keys: {', '.join(unknown)}.",
+        hint=f"Valid keys are: {', '.join(sorted(DEFAULTS))}.",
+        id="idempotency.E002",
+    )
 
 
 def _header(user: dict[str, Any]) -> list[CheckMessage]:
     value = user.get("HEADER", DEFAULTS["HEADER"])
     if is_header_name(value):
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY['HEADER'] should be an HTTP header name, not {value!r}.",
-            hint="A header name is a token (RFC 9110): letters, digits and !#$%&'*+-.^_`|~, "
-            "no spaces or colons; for example 'Idempotency-Key'.",
-            id="idempotency.E003",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY['HEADER'] should be an HTTP header name, not {value!r}.",
+        hint="A header name is a token (RFC 9110): letters, digits and !#$%&'*+-.^_`|~, "
+        "no spaces or colons; for example 'Idempotency-Key'.",
+        id="idempotency.E003",
+    )
 
 
 def _positive_number(name: str, error_id: str, *, integer: bool = False) -> Check:
@@ -96,12 +97,10 @@ def _choice(name: str, choices: Sequence[str], error_id: str) -> Check:
     def check(user: dict[str, Any]) -> list[CheckMessage]:
         if user.get(name, DEFAULTS[name]) in choices:
             return []
-        return [
-            Error(
-                f"IDEMPOTENCY[{name!r}] should be one of {', '.join(map(repr, choices))}.",
-                id=error_id,
-            )
-        ]
+        return _error(
+            f"IDEMPOTENCY[{name!r}] should be one of {', '.join(map(repr, choices))}.",
+            id=error_id,
+        )
 
     return check
 
@@ -111,13 +110,11 @@ def _callable_path(name: str, error_id: str) -> Check:
         try:
             load_callable(user.get(name, DEFAULTS[name]), name)
         except (ImproperlyConfigured, ValueError) as exc:
-            return [
-                Error(
-                    f"IDEMPOTENCY[{name!r}] should be a callable or the dotted path of one.",
-                    hint=str(exc),
-                    id=error_id,
-                )
-            ]
+            return _error(
+                f"IDEMPOTENCY[{name!r}] should be a callable or the dotted path of one.",
+                hint=str(exc),
+                id=error_id,
+            )
         return []
 
     return check
@@ -129,33 +126,27 @@ def _max_key_length(user: dict[str, Any]) -> list[CheckMessage]:
     value = user.get("MAX_KEY_LENGTH", DEFAULTS["MAX_KEY_LENGTH"])
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= column:
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY['MAX_KEY_LENGTH'] should be an integer from 1 to {column}.",
-            hint=f"Keys are stored in a column of {column} characters.",
-            id="idempotency.E004",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY['MAX_KEY_LENGTH'] should be an integer from 1 to {column}.",
+        hint=f"Keys are stored in a column of {column} characters.",
+        id="idempotency.E004",
+    )
 
 
 def _replay_headers(user: dict[str, Any]) -> list[CheckMessage]:
     names = user.get("REPLAY_HEADERS", DEFAULTS["REPLAY_HEADERS"])
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        return [
-            Error(
-                "IDEMPOTENCY['REPLAY_HEADERS'] should be a list of strings.", id="idempotency.E012"
-            )
-        ]
+        return _error(
+            "IDEMPOTENCY['REPLAY_HEADERS'] should be a list of strings.", id="idempotency.E012"
+        )
     forbidden = sorted(n for n in names if n.lower() in FORBIDDEN_REPLAY_HEADERS)
     if forbidden:
-        return [
-            Error(
-                f"IDEMPOTENCY['REPLAY_HEADERS'] should not name per-session headers: "
-                f"{', '.join(forbidden)}.",
-                hint="Cookies and credentials are never stored or replayed; remove them.",
-                id="idempotency.E013",
-            )
-        ]
+        return _error(
+            f"IDEMPOTENCY['REPLAY_HEADERS'] should not name per-session headers: "
+            f"{', '.join(forbidden)}.",
+            hint="Cookies and credentials are never stored or replayed; remove them.",
+            id="idempotency.E013",
+        )
     return []
 
 
@@ -165,14 +156,12 @@ def _retention(user: dict[str, Any]) -> list[CheckMessage]:
     windows += list(per_operation.values()) if isinstance(per_operation, dict) else [None]
     if all(_valid_window(window) for window in windows):
         return []
-    return [
-        Error(
-            "IDEMPOTENCY['RETENTION'] and each IDEMPOTENCY['OPERATION_RETENTION'] value should "
-            "map SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE to seconds (a number >= 0) or None.",
-            hint="PROCESSING and NEEDS_REVIEW records are never purged.",
-            id="idempotency.E014",
-        )
-    ]
+    return _error(
+        "IDEMPOTENCY['RETENTION'] and each IDEMPOTENCY['OPERATION_RETENTION'] value should "
+        "map SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE to seconds (a number >= 0) or None.",
+        hint="PROCESSING and NEEDS_REVIEW records are never purged.",
+        id="idempotency.E014",
+    )
 
 
 def _valid_window(window: Any) -> bool:
@@ -210,13 +199,11 @@ def _database(user: dict[str, Any]) -> list[CheckMessage]:
     alias = user.get("DATABASE")
     if alias is None or alias in settings.DATABASES:
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY['DATABASE'] should name an alias of DATABASES, not {alias!r}.",
-            hint="The record must live in the same database as the business data.",
-            id="idempotency.E017",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY['DATABASE'] should name an alias of DATABASES, not {alias!r}.",
+        hint="The record must live in the same database as the business data.",
+        id="idempotency.E017",
+    )
 
 
 def drf_installed() -> bool:
@@ -230,42 +217,34 @@ def drf_installed() -> bool:
 def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     if user.get("ERROR_FORMAT") != "drf" or drf_installed():
         return []
-    return [
-        Error(
-            "IDEMPOTENCY['ERROR_FORMAT'] = 'drf' needs Django REST framework, which is not "
-            "installed.",
-            hint="pip install 'django-idempotency[drf]', or use the default 'problem' format.",
-            id="idempotency.E028",
-        )
-    ]
+    return _error(
+        "IDEMPOTENCY['ERROR_FORMAT'] = 'drf' needs Django REST framework, which is not installed.",
+        hint="pip install 'django-idempotency[drf]', or use the default 'problem' format.",
+        id="idempotency.E028",
+    )
 
 
 def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
     alias = user.get("REPLAY_CACHE")
     if alias is None or (isinstance(alias, str) and alias in settings.CACHES):
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, "
-            f"not {alias!r}.",
-            hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
-            id="idempotency.E029",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, not {alias!r}.",
+        hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
+        id="idempotency.E029",
+    )
 
 
 def _transaction_pooling(user: dict[str, Any]) -> list[CheckMessage]:
     value = user.get("TRANSACTION_POOLING")
     if value is None or isinstance(value, bool):
         return []
-    return [
-        Error(
-            f"IDEMPOTENCY['TRANSACTION_POOLING'] should be True, False or None, not {value!r}.",
-            hint="None (the default) infers it from DATABASES[alias]"
-            "['DISABLE_SERVER_SIDE_CURSORS'] of the records' database.",
-            id="idempotency.E033",
-        )
-    ]
+    return _error(
+        f"IDEMPOTENCY['TRANSACTION_POOLING'] should be True, False or None, not {value!r}.",
+        hint="None (the default) infers it from DATABASES[alias]"
+        "['DISABLE_SERVER_SIDE_CURSORS'] of the records' database.",
+        id="idempotency.E033",
+    )
 
 
 CHECKS: list[Check] = [
