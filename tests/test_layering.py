@@ -133,7 +133,7 @@ LAYERS: list[set[str]] = [
 ]
 PROTOCOL = LAYERS[2]
 # Frameworks the protocol must work without: it is reached through their adapters.
-FRAMEWORKS = {"rest_framework", "ninja", "celery", "django.http", "django.urls", "django.contrib"}
+FRAMEWORKS = {"rest_framework", "ninja", "celery", "django.http", "django.contrib"}
 
 
 def layer_of(name: str) -> int:
