@@ -77,14 +77,14 @@ class ResolveActions(ActionsBase):
     def release_for_retry(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> None:
-        report = resolution.set_status(self._bounded(request, queryset), Status.FAILED_RETRYABLE)
+        report = resolution.mark_records(self._bounded(request, queryset), Status.FAILED_RETRYABLE)
         self._report(request, report, _released)
 
     @admin.action(permissions=["resolve"], description=_("Mark final failure (FAILED_FINAL)"))
     def mark_final_failure(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> None:
-        report = resolution.set_status(self._bounded(request, queryset), Status.FAILED_FINAL)
+        report = resolution.mark_records(self._bounded(request, queryset), Status.FAILED_FINAL)
         self._report(request, report, _marked_final)
 
     @admin.action(
@@ -106,7 +106,7 @@ class ResolveActions(ActionsBase):
         if not form.is_valid():
             return self._resource_ids_page(request, form)
         selected = self._bounded(request, records)
-        report = resolution.set_status(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
+        report = resolution.mark_records(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
         self._report(request, report, _marked_succeeded)
         return None
 

@@ -67,7 +67,7 @@ class ResolutionReport:
         return Counter(change.outcome for change in self.changes if change.outcome)
 
 
-def set_status(
+def mark_records(
     records: Iterable[IdempotencyRecord],
     target: Status,
     *,
