@@ -32,6 +32,7 @@ REFUSALS_SHOWN = 10
 
 # The success message of an action, by how many records it changed.
 Done = Callable[[int], str]
+Records = QuerySet[IdempotencyRecord]
 
 
 def _released(n: int) -> str:
@@ -74,18 +75,12 @@ class ResolveActions(ActionsBase):
     # -- actions
 
     @admin.action(permissions=["resolve"], description=_("Release for retry (FAILED_RETRYABLE)"))
-    def release_for_retry(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
-    ) -> None:
-        report = resolution.mark_records(self._bounded(request, queryset), Status.FAILED_RETRYABLE)
-        self._report(request, report, _released)
+    def release_for_retry(self, request: HttpRequest, queryset: Records) -> None:
+        self._mark(request, queryset, Status.FAILED_RETRYABLE, _released)
 
     @admin.action(permissions=["resolve"], description=_("Mark final failure (FAILED_FINAL)"))
-    def mark_final_failure(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
-    ) -> None:
-        report = resolution.mark_records(self._bounded(request, queryset), Status.FAILED_FINAL)
-        self._report(request, report, _marked_final)
+    def mark_final_failure(self, request: HttpRequest, queryset: Records) -> None:
+        self._mark(request, queryset, Status.FAILED_FINAL, _marked_final)
 
     @admin.action(
         permissions=["resolve"], description=_("Mark succeeded with a resource id (SUCCEEDED)")
@@ -140,6 +135,11 @@ class ResolveActions(ActionsBase):
         self._report_refused(request, report.refused)
 
     # -- the shared machinery of the actions
+
+    def _mark(self, request: HttpRequest, records: Records, status: Status, done: Done) -> None:
+        self._report(
+            request, resolution.mark_records(self._bounded(request, records), status), done
+        )
 
     def _report(
         self, request: HttpRequest, report: resolution.ResolutionReport, done: Done
