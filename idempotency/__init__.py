@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from idempotency.models import IdempotencyRecord, Status
     from idempotency.outcomes import Outcome, StoredResponse
     from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
+    from idempotency.resolution import ResolutionReport, mark_records, run_resolvers
     from idempotency.resolvers import Resolution, Resolver
     from idempotency.retention import purge
 
@@ -59,6 +60,9 @@ _LAZY = {
     "RecoveryReport": "idempotency.recovery",
     "recover_expired": "idempotency.recovery",
     "resolve_record": "idempotency.recovery",
+    "ResolutionReport": "idempotency.resolution",
+    "mark_records": "idempotency.resolution",
+    "run_resolvers": "idempotency.resolution",
     "Resolution": "idempotency.resolvers",
     "Resolver": "idempotency.resolvers",
     "purge": "idempotency.retention",
@@ -84,6 +88,7 @@ __all__ = [
     "RecoveryReport",
     "RequestInvalid",
     "Resolution",
+    "ResolutionReport",
     "Resolver",
     "ScopeUnavailable",
     "Status",
@@ -93,9 +98,11 @@ __all__ = [
     "idempotent",
     "idempotent_function",
     "mark_final",
+    "mark_records",
     "purge",
     "recover_expired",
     "resolve_record",
+    "run_resolvers",
 ]
 
 

@@ -13,49 +13,31 @@ resolved, never deleted (its first run may have had its effect).
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import suppress
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
-from django.db.models import DurationField, QuerySet, Value
-from django.db.models.functions import Now
+from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from idempotency import replay_cache
-from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
+from idempotency.admin_actions import ResolveActions
+from idempotency.admin_filters import AgeFilter, OperationFilter, StuckFilter
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.recovery import SKIPPED, resolve_record
-from idempotency.resolvers import resolver_for
 from idempotency.stores import records_database
-from idempotency.transitions import can_transition, transition
 
 # Statuses a person must resolve; deleting them would invite a blind re-run.
 UNDELETABLE = frozenset({Status.PROCESSING, Status.NEEDS_REVIEW})
-# One admin request resolves at most this many records; past an incident's first
-# handful, ``manage.py idempotency_recover`` is the tool.
-ACTION_LIMIT = 500
-NOT_RESOLVABLE = _(
-    "only a PROCESSING record with an expired lease or a NEEDS_REVIEW record can be "
-    "resolved, and not while another worker holds it."
-)
-# Records one "mark succeeded" form asks resource ids for.
-FORM_LIMIT = 100
 # Characters of a stored body shown on the detail page.
 BODY_DISPLAY_LIMIT = 20_000
-# Refused records named one by one in the refusal message.
-REFUSALS_SHOWN = 10
 
 
 def readable_body(body: bytes | memoryview | None, content_type: str = "") -> str:
@@ -83,97 +65,6 @@ def _header(headers: Iterable[Sequence[str]], name: str) -> str:
     return ""
 
 
-def _ago(delta: timedelta) -> Any:
-    return Now() - Value(delta, output_field=DurationField())
-
-
-class StuckFilter(admin.SimpleListFilter):
-    title = _("stuck state")
-    parameter_name = "stuck"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("yes", _("Expired lease or needs review"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() == "yes":
-            return queryset.stuck()  # type: ignore[attr-defined,no-any-return]
-        return queryset
-
-
-class AgeFilter(admin.SimpleListFilter):
-    """Age by the database clock, like the lease checks."""
-
-    title = _("age")
-    parameter_name = "age"
-    RANGES: dict[str, tuple[str, timedelta, Any]] = {
-        "1h": ("lt", timedelta(hours=1), _("Less than an hour")),
-        "1d": ("lt", timedelta(days=1), _("Less than a day")),
-        "gt1h": ("gt", timedelta(hours=1), _("Older than an hour")),
-        "gt1d": ("gt", timedelta(days=1), _("Older than a day")),
-        "gt7d": ("gt", timedelta(days=7), _("Older than 7 days")),
-        "gt30d": ("gt", timedelta(days=30), _("Older than 30 days")),
-    }
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [(value, label) for value, (_op, _delta, label) in self.RANGES.items()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() not in self.RANGES:
-            return queryset
-        younger_or_older, delta, _label = self.RANGES[str(self.value())]
-        if younger_or_older == "lt":
-            return queryset.filter(created_at__gt=_ago(delta))
-        return queryset.filter(created_at__lte=_ago(delta))
-
-
-class OperationFilter(admin.SimpleListFilter):
-    title = _("operation")
-    parameter_name = "operation"
-    # A filter sidebar, not a report: beyond this, type ?operation=... in the URL.
-    MAX_CHOICES = 100
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = (
-            model_admin.get_queryset(request)
-            .order_by("operation")
-            .values_list("operation", flat=True)
-            .distinct()[: self.MAX_CHOICES]
-        )
-        return [(name, name or gettext("(none)")) for name in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() is None:
-            return queryset
-        return queryset.filter(operation=self.value())
-
-
-class ResourceIdsForm(forms.Form):
-    """One optional resource id per selected record; blank keeps what is stored."""
-
-    def __init__(self, *args: Any, records: Sequence[IdempotencyRecord], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.records = list(records)
-        for record in self.records:
-            self.fields[self.field_name(record)] = forms.CharField(
-                label=str(record),
-                max_length=255,
-                required=False,
-                initial=record.resource_id,
-                help_text=_("What the first run created, e.g. the order id."),
-            )
-
-    @staticmethod
-    def field_name(record: IdempotencyRecord) -> str:
-        return f"resource_id_{record.pk}"
-
-    def rows(self) -> list[tuple[IdempotencyRecord, forms.BoundField]]:
-        return [(record, self[self.field_name(record)]) for record in self.records]
-
-    def resource_id(self, record: IdempotencyRecord) -> str | None:
-        value = self.cleaned_data.get(self.field_name(record), "").strip()
-        return value or None
-
-
 if TYPE_CHECKING:
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
 else:  # ModelAdmin is generic for the type checker only
@@ -181,7 +72,7 @@ else:  # ModelAdmin is generic for the type checker only
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(RecordAdminBase):
+class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
     list_display = (
         "scope",
         "idem_key",
@@ -204,7 +95,6 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     list_per_page = 50
     # A second COUNT(*) of the whole table on every filtered page: not during an incident.
     show_full_result_count = False
-    actions = ("release_for_retry", "mark_succeeded", "mark_final_failure", "run_resolver")
     change_form_template = "admin/idempotency/idempotencyrecord/change_form.html"
 
     fieldsets = (
@@ -337,227 +227,3 @@ class IdempotencyRecordAdmin(RecordAdminBase):
             (name, str(description))
             for name, description in self.get_action_choices(request, default_choices=[])
         ]
-
-    # -- actions
-
-    @admin.action(permissions=["resolve"], description=_("Release for retry (FAILED_RETRYABLE)"))
-    def release_for_retry(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
-    ) -> None:
-        self._apply(
-            request,
-            queryset,
-            Status.FAILED_RETRYABLE,
-            done=lambda n: ngettext(
-                "%(count)d record released for retry: the client's next request with "
-                "its key runs the work again.",
-                "%(count)d records released for retry: the clients' next requests with "
-                "their keys run the work again.",
-                n,
-            ),
-        )
-
-    @admin.action(permissions=["resolve"], description=_("Mark final failure (FAILED_FINAL)"))
-    def mark_final_failure(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
-    ) -> None:
-        self._apply(
-            request,
-            queryset,
-            Status.FAILED_FINAL,
-            done=lambda n: ngettext(
-                "%(count)d record marked as a final failure.",
-                "%(count)d records marked as final failures.",
-                n,
-            ),
-        )
-
-    @admin.action(
-        permissions=["resolve"], description=_("Mark succeeded with a resource id (SUCCEEDED)")
-    )
-    def mark_succeeded(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
-    ) -> TemplateResponse | None:
-        records = list(queryset[: FORM_LIMIT + 1])
-        if len(records) > FORM_LIMIT:
-            self.message_user(
-                request,
-                gettext("Select at most %(limit)d records to mark succeeded.")
-                % {"limit": FORM_LIMIT},
-                messages.ERROR,
-            )
-            return None
-        form = ResourceIdsForm(request.POST if "apply" in request.POST else None, records=records)
-        if not form.is_valid():
-            return self._resource_ids_page(request, form)
-        self._apply(
-            request,
-            records,
-            Status.SUCCEEDED,
-            resource_ids=form.resource_id,
-            done=lambda n: ngettext(
-                "%(count)d record marked as succeeded: repeats now get its stored outcome.",
-                "%(count)d records marked as succeeded: repeats now get their stored outcomes.",
-                n,
-            ),
-        )
-        return None
-
-    @admin.action(permissions=["resolve"], description=_("Run the operation's resolver now"))
-    def run_resolver(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
-        outcomes: Counter[str] = Counter()
-        refused: list[str] = []
-        for record in self._bounded(request, queryset):
-            before = record.status
-            if resolver_for(record.operation) is None:
-                refused.append(
-                    gettext(
-                        "%(record)s: operation %(operation)s has no resolver. Give its view "
-                        "resolver= (idempotency_resolver on a DRF view) or set "
-                        "IDEMPOTENCY['RESOLVERS'][%(operation_repr)s]; or settle the record "
-                        "with another action."
-                    )
-                    % {
-                        "record": record,
-                        "operation": record.operation,
-                        "operation_repr": repr(record.operation),
-                    }
-                )
-                continue
-            try:
-                outcome = resolve_record(record)
-            except IdempotencyError as error:
-                refused.append(f"{record}: {error.detail}")
-                continue
-            if outcome == SKIPPED:
-                refused.append(f"{record}: {NOT_RESOLVABLE}")
-                continue
-            outcomes[outcome] += 1
-            record.refresh_from_db(using=records_database(record=record))
-            self.log_change(
-                request,
-                record,
-                gettext("Ran the resolver: %(outcome)s (%(before)s → %(after)s).")
-                % {"outcome": outcome, "before": before, "after": record.status},
-            )
-        if outcomes:
-            summary = ", ".join(f"{outcome}: {n}" for outcome, n in sorted(outcomes.items()))
-            count = sum(outcomes.values())
-            self.message_user(
-                request,
-                ngettext(
-                    "The resolver ran for %(count)d record (%(summary)s).",
-                    "The resolver ran for %(count)d records (%(summary)s).",
-                    count,
-                )
-                % {"count": count, "summary": summary},
-                messages.SUCCESS,
-            )
-        self._report_refused(request, refused)
-
-    # -- the shared machinery of the actions
-
-    def _apply(
-        self,
-        request: HttpRequest,
-        records: QuerySet[IdempotencyRecord] | Sequence[IdempotencyRecord],
-        target: Status,
-        *,
-        done: Callable[[int], str],
-        resource_ids: Callable[[IdempotencyRecord], str | None] | None = None,
-    ) -> None:
-        changed = 0
-        refused: list[str] = []
-        for record in self._bounded(request, records):
-            resource_id = resource_ids(record) if resource_ids else None
-            try:
-                updated = self._transition(record, target, resource_id)
-            except TransitionNotAllowed as error:
-                refused.append(f"{record}: {error.detail}")
-                continue
-            changed += 1
-            self.log_change(request, updated, self._change_message(record, updated))
-        if changed:
-            self.message_user(request, done(changed) % {"count": changed}, messages.SUCCESS)
-        elif not refused:
-            self.message_user(
-                request,
-                gettext("No record was changed: the selection no longer matches the list."),
-                messages.WARNING,
-            )
-        self._report_refused(request, refused)
-
-    @staticmethod
-    def _transition(
-        record: IdempotencyRecord, target: Status, resource_id: str | None
-    ) -> IdempotencyRecord:
-        if not can_transition(record, target):
-            raise TransitionNotAllowed(
-                gettext("a %(status)s record cannot become %(target)s: %(rule)s")
-                % {"status": record.status, "target": target, "rule": NOT_RESOLVABLE}
-            )
-        return transition(record, target, resource_id=resource_id, using=record._state.db)
-
-    @staticmethod
-    def _change_message(before: IdempotencyRecord, after: IdempotencyRecord) -> str:
-        message = gettext("Status %(before)s → %(after)s.") % {
-            "before": before.status,
-            "after": after.status,
-        }
-        if after.resource_id != before.resource_id:
-            message += " " + gettext("Resource id %(old)r → %(new)r.") % {
-                "old": before.resource_id,
-                "new": after.resource_id,
-            }
-        return message
-
-    def _bounded(
-        self,
-        request: HttpRequest,
-        records: QuerySet[IdempotencyRecord] | Sequence[IdempotencyRecord],
-    ) -> list[IdempotencyRecord]:
-        selected = list(records[: ACTION_LIMIT + 1])
-        if len(selected) > ACTION_LIMIT:
-            self.message_user(
-                request,
-                gettext(
-                    "Only the first %(limit)d records were processed; run the action again "
-                    "or use manage.py idempotency_recover for the rest."
-                )
-                % {"limit": ACTION_LIMIT},
-                messages.WARNING,
-            )
-        return selected[:ACTION_LIMIT]
-
-    def _report_refused(self, request: HttpRequest, refused: list[str]) -> None:
-        if not refused:
-            return
-        shown = "; ".join(refused[:REFUSALS_SHOWN])
-        if len(refused) > REFUSALS_SHOWN:
-            shown += "; …"
-        self.message_user(
-            request,
-            ngettext(
-                "%(count)d record was not changed: %(reasons)s",
-                "%(count)d records were not changed: %(reasons)s",
-                len(refused),
-            )
-            % {"count": len(refused), "reasons": shown},
-            messages.ERROR,
-        )
-
-    def _resource_ids_page(self, request: HttpRequest, form: ResourceIdsForm) -> TemplateResponse:
-        context = {
-            **self.admin_site.each_context(request),
-            "title": gettext("Mark succeeded with a resource id"),
-            "opts": self.opts,
-            "form": form,
-            "action_name": "mark_succeeded",
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "media": self.media,
-        }
-        return TemplateResponse(
-            request,
-            "admin/idempotency/idempotencyrecord/mark_succeeded.html",
-            context,
-        )

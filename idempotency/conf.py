@@ -137,7 +137,7 @@ class Settings:
         user = getattr(django_settings, "IDEMPOTENCY", None)
         if not isinstance(user, Mapping):
             # Not a dict: check idempotency.E001 says so (and requests refuse to run, see
-            # checks.validate_settings); what reads a setting on import gets the default.
+            # settings_checks.validate_settings); what reads a setting on import gets the default.
             return DEFAULTS[name]
         return user.get(name, DEFAULTS[name])
 

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import tracing
-from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
 from idempotency.core import (
     MODES,
@@ -34,6 +33,7 @@ from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec, register
+from idempotency.settings_checks import validate_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

@@ -28,7 +28,6 @@ from django.http.request import HttpHeaders
 from django.http.response import HttpResponseBase
 
 from idempotency import tracing
-from idempotency.checks import validate_settings
 from idempotency.conf import (
     FORBIDDEN_REPLAY_HEADERS,
     idempotency_settings,
@@ -57,6 +56,7 @@ from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
+from idempotency.settings_checks import validate_settings
 
 V = TypeVar("V", bound=Callable[..., Any])
 

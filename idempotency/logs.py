@@ -10,10 +10,8 @@ project would rather not ship to its log store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import sys
 from typing import Any
-
-from django.dispatch import Signal
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
@@ -107,18 +105,5 @@ def on_purged(sender: Any, **kwargs: Any) -> None:
     logger.info("idempotency purged count=%s dry_run=%s", count, dry_run, extra=extra)
 
 
-RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
-    (signals.record_claimed, on_claimed),
-    (signals.response_replayed, on_replayed),
-    (signals.key_in_use, on_key_in_use),
-    (signals.key_reused, on_key_reused),
-    (signals.record_completed, on_completed),
-    (signals.database_unavailable, on_database_unavailable),
-    (signals.record_recovered, on_recovered),
-    (signals.records_purged, on_purged),
-]
-
-
 def connect() -> None:
-    for signal, receiver in RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"idempotency.logs.{receiver.__name__}")
+    signals.connect_receivers(sys.modules[__name__], "idempotency.logs")

@@ -8,6 +8,9 @@ Keys are passed for logs and traces; never use them as metric labels.
 docs/observability.md documents each one; idempotency/logs.py logs each one.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from django.dispatch import Signal
 
 # Every signal is sent with ``sender=IdempotencyRecord``: Django keeps each one's
@@ -39,3 +42,32 @@ record_recovered = Signal(use_caching=True)
 # Purge deleted (or, with dry_run, counted) expired records.
 # count: int, dry_run: bool
 records_purged = Signal(use_caching=True)
+
+
+# The receiver each signal's listeners name ``on_...``: the logs (idempotency/logs.py),
+# the spans (idempotency/tracing.py) and the Prometheus metrics each define those they hear.
+RECEIVER_NAMES: dict[str, Signal] = {
+    "on_claimed": record_claimed,
+    "on_replayed": response_replayed,
+    "on_key_in_use": key_in_use,
+    "on_key_reused": key_reused,
+    "on_completed": record_completed,
+    "on_database_unavailable": database_unavailable,
+    "on_recovered": record_recovered,
+    "on_purged": records_purged,
+}
+
+
+def receivers_of(listener: object) -> list[tuple[Signal, Callable[..., Any]]]:
+    """The ``(signal, receiver)`` pairs of ``listener``'s ``on_...`` functions or methods."""
+    return [
+        (signal, getattr(listener, name))
+        for name, signal in RECEIVER_NAMES.items()
+        if hasattr(listener, name)
+    ]
+
+
+def connect_receivers(listener: object, prefix: str) -> None:
+    """Connect ``listener``'s receivers once, however often this runs (``dispatch_uid``)."""
+    for signal, receiver in receivers_of(listener):
+        signal.connect(receiver, dispatch_uid=f"{prefix}.{receiver.__name__}")

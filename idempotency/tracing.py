@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.dispatch import Signal
 
 from idempotency import signals
 from idempotency.exceptions import (
@@ -207,20 +207,8 @@ def on_database_unavailable(sender: Any, operation: Any, **kwargs: Any) -> None:
         call.decide(OUTAGE, retry_after=int(kwargs.get("retry_after") or 0))
 
 
-RECEIVERS: list[tuple[Signal, Callable[..., None]]] = [
-    (signals.record_claimed, on_claimed),
-    (signals.response_replayed, on_replayed),
-    (signals.key_in_use, on_key_in_use),
-    (signals.key_reused, on_key_reused),
-    (signals.record_completed, on_completed),
-    (signals.record_recovered, on_recovered),
-    (signals.database_unavailable, on_database_unavailable),
-]
-
-
 def connect() -> None:
     """Hear the protocol's signals; nothing to hear without OpenTelemetry."""
     if trace is None:
         return
-    for signal, receiver in RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"idempotency.tracing.{receiver.__name__}")
+    signals.connect_receivers(sys.modules[__name__], "idempotency.tracing")

@@ -21,7 +21,7 @@ from idempotency.retention import retention_for
 from idempotency.stores import records_database
 
 # Transitions made outside a request: by recovery or by an operator.
-# (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to core.claim.)
+# (absent -> PROCESSING and FAILED_RETRYABLE -> PROCESSING belong to idempotency.claim.)
 ALLOWED: dict[str, frozenset[str]] = {
     Status.PROCESSING: frozenset(
         {Status.SUCCEEDED, Status.FAILED_RETRYABLE, Status.FAILED_FINAL, Status.NEEDS_REVIEW}
@@ -55,29 +55,7 @@ def transition(
     guard = Q(pk=record.pk, status=record.status, version=record.version)
     if record.status == Status.PROCESSING:
         guard &= Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
-    window = retention_for(record.operation, target)
-    values: dict[str, object] = {
-        "status": target,
-        "owner_token": secrets.token_hex(16),
-        "lease_until": None,
-        "updated_at": Now(),
-        "version": F("version") + 1,
-        "expires_at": None if window is None else Now() + window,
-    }
-    if target in (Status.SUCCEEDED, Status.FAILED_FINAL):
-        values["completed_at"] = Now()
-    if target == Status.NEEDS_REVIEW:
-        values["expires_at"] = None
-    if recovery_attempt:
-        values["recovery_attempts"] = F("recovery_attempts") + 1
-    if resource_id is not None:
-        values["resource_id"] = resource_id[:255]
-    if response is not None:
-        values.update(
-            response_status=response.status,
-            response_headers=[list(pair) for pair in response.headers],
-            response_body=response.body,
-        )
+    values = _values(record, target, resource_id, response, recovery_attempt=recovery_attempt)
     database = records_database(using, record=record)
     records = IdempotencyRecord.objects.using(database)
     if not records.filter(guard).update(**values):
@@ -88,6 +66,39 @@ def transition(
     # Nothing caches the states a transition leaves; the tombstone keeps it so.
     replay_cache.forget_records([moved], database)
     return moved
+
+
+def _values(
+    record: IdempotencyRecord,
+    target: Status,
+    resource_id: str | None,
+    response: StoredResponse | None,
+    *,
+    recovery_attempt: bool,
+) -> dict[str, object]:
+    """What a transition writes: a new owner token fences off the previous owner."""
+    window = retention_for(record.operation, target)
+    values: dict[str, object] = {
+        "status": target,
+        "owner_token": secrets.token_hex(16),
+        "lease_until": None,
+        "updated_at": Now(),
+        "version": F("version") + 1,
+        "expires_at": None if window is None or target == Status.NEEDS_REVIEW else Now() + window,
+    }
+    if target in (Status.SUCCEEDED, Status.FAILED_FINAL):
+        values["completed_at"] = Now()
+    if recovery_attempt:
+        values["recovery_attempts"] = F("recovery_attempts") + 1
+    if resource_id is not None:
+        values["resource_id"] = resource_id[:255]
+    if response is not None:
+        values.update(
+            response_status=response.status,
+            response_headers=[list(pair) for pair in response.headers],
+            response_body=response.body,
+        )
+    return values
 
 
 def postpone(

@@ -15,6 +15,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 import idempotency.checks
+import idempotency.settings_checks
 
 BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E001", ["not", "a", "dict"]),
@@ -76,8 +77,9 @@ def our_errors() -> list[str]:
     return [m.id for m in run_checks() if (m.id or "").startswith("idempotency.")]
 
 
-def ids_in_checks_module() -> set[str]:
-    source = Path(idempotency.checks.__file__).read_text()
+def ids_in_checks_modules() -> set[str]:
+    modules = (idempotency.checks, idempotency.settings_checks)
+    source = "".join(Path(module.__file__ or "").read_text() for module in modules)
     return set(re.findall(r"idempotency\.E\d{3}", source))
 
 
@@ -91,11 +93,11 @@ def test_every_check_id_is_tested():
     # E028 needs DRF missing: below, and for real in tests/test_without_drf.py.
     # E031 needs a URLconf: test_lease_views_under_atomic_requests_are_each_reported.
     tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E028", "idempotency.E031"}
-    assert ids_in_checks_module() == tested
+    assert ids_in_checks_modules() == tested
 
 
 def test_drf_error_format_needs_drf(monkeypatch):
-    monkeypatch.setattr(idempotency.checks, "drf_installed", lambda: False)
+    monkeypatch.setattr(idempotency.settings_checks, "drf_installed", lambda: False)
     with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"}):
         (message,) = [m for m in run_checks() if m.id == "idempotency.E028"]
     assert "django-idempotency[drf]" in message.hint

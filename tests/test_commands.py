@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from idempotency.management.commands.idempotency_cleanup import parse_age
+from idempotency.management._common import parse_age
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import Resolution, register
 from tests.factories import IdempotencyRecordFactory

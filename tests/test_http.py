@@ -424,7 +424,7 @@ class TestStoredHeaders:
     @override_settings(IDEMPOTENCY={"REPLAY_HEADERS": ["Location", "Set-Cookie", "Content-Type"]})
     def test_set_cookie_is_never_stored_even_if_listed(self, client, monkeypatch):
         # E013 refuses this setting at first use; past that guard, the list still ignores it.
-        monkeypatch.setattr("idempotency.checks.check_settings", lambda: [])
+        monkeypatch.setattr("idempotency.settings_checks.settings_messages", lambda user: [])
         post(client, "/orders/", ORDER)
         assert "set-cookie" not in {name.lower() for name, _ in stored().response_headers}
         assert "Set-Cookie" not in post(client, "/orders/", ORDER)

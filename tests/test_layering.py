@@ -1,8 +1,13 @@
-"""The package's imports run one way: no module imports, even lazily, one that imports it back."""
+"""The package's imports run one way: no module imports, even lazily, one that imports it back.
+
+And they run downwards: each module belongs to a layer (``LAYERS``) and imports
+only from its own layer or those below. A new module must be given a layer.
+"""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import idempotency
@@ -65,8 +70,121 @@ def test_no_import_cycle_in_the_package():
     assert cycle() == []
 
 
+# Lowest first. The foundation: settings and their validation, the model, keys,
+# fingerprints, the protocol's vocabulary. Then where records live and how they
+# change outside a request; then the protocol; then what adapts it to a framework
+# or a deployment (HTTP, DRF, ninja, Celery, the admin, commands, system checks).
+LAYERS: list[set[str]] = [
+    {
+        "idempotency.conf",
+        "idempotency.settings_checks",
+        "idempotency.models",
+        "idempotency.indexes",
+        "idempotency.exceptions",
+        "idempotency.outcomes",
+        "idempotency.signals",
+        "idempotency.keys",
+        "idempotency.fingerprint",
+        "idempotency.waiting",
+        "idempotency.resolvers",
+        "idempotency.options",
+        "idempotency.compat",
+    },
+    {
+        "idempotency.stores",
+        "idempotency.stores.base",
+        "idempotency.stores.generic",
+        "idempotency.stores.mysql",
+        "idempotency.stores.postgres",
+        "idempotency.replay_cache",
+        "idempotency.retention",
+        "idempotency.transitions",
+        "idempotency.recovery",
+        "idempotency.resolution",
+        "idempotency.logs",
+        "idempotency.tracing",
+    },
+    {
+        "idempotency.operation",
+        "idempotency.read_first",
+        "idempotency.contention",
+        "idempotency.claim",
+        "idempotency.finish",
+        "idempotency.core",
+    },
+    {
+        name
+        for name in MODULES
+        if name.startswith(("idempotency.contrib", "idempotency.management", "idempotency.admin"))
+    }
+    | {
+        "idempotency.http",
+        "idempotency.decorators",
+        "idempotency.functions",
+        "idempotency.drf",
+        "idempotency.ninja",
+        "idempotency.openapi",
+        "idempotency.celery",
+        "idempotency.tasks",
+        "idempotency.beat",
+        "idempotency.checks",
+        "idempotency.apps",
+    },
+]
+PROTOCOL = LAYERS[2]
+# Frameworks the protocol must work without: it is reached through their adapters.
+FRAMEWORKS = {"rest_framework", "ninja", "celery", "django.http", "django.contrib"}
+
+
+def layer_of(name: str) -> int:
+    for number, layer in enumerate(LAYERS):
+        if name in layer:
+            return number
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS in {__file__}")
+
+
+def external_imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports from outside the package, with its parents."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {".".join(parts[: i + 1]) for i in range(len(parts))}
+    return found
+
+
+def test_the_cycle_finder_finds_a_lazy_import_back(monkeypatch, tmp_path):
+    one, other = tmp_path / "one.py", tmp_path / "other.py"
+    one.write_text("from idempotency.other import x\n")
+    other.write_text("def f():\n    import idempotency.one\n")
+    this = sys.modules[__name__]
+    monkeypatch.setattr(this, "SOURCES", {"idempotency.one": one, "idempotency.other": other})
+    monkeypatch.setattr(this, "MODULES", {"idempotency.one", "idempotency.other"})
+    assert cycle() == ["idempotency.one", "idempotency.other", "idempotency.one"]
+
+
+def test_every_module_imports_only_its_own_layer_or_those_below():
+    upward = [
+        f"{name} (layer {layer_of(name)}) imports {imported} (layer {layer_of(imported)})"
+        for name, path in sorted(SOURCES.items())
+        for imported in sorted(imports_of(path))
+        if layer_of(imported) > layer_of(name)
+    ]
+    assert upward == []
+
+
 def test_the_protocol_knows_nothing_of_http_nor_of_its_adapters():
-    imported = imports_of(SOURCES["idempotency.core"])
-    assert not imported & {"idempotency.http", "idempotency.drf", "idempotency.decorators"}
-    assert "rest_framework" not in SOURCES["idempotency.core"].read_text()
-    assert "django.http" not in SOURCES["idempotency.core"].read_text()
+    for name in sorted(PROTOCOL & MODULES):
+        assert not imports_of(SOURCES[name]) & (LAYERS[3] | {"idempotency.checks"}), name
+        assert not external_imports_of(SOURCES[name]) & FRAMEWORKS, name
+
+
+def test_the_foundation_knows_nothing_of_the_frameworks_adapted():
+    for name in sorted(LAYERS[0] & MODULES):
+        assert not external_imports_of(SOURCES[name]) & FRAMEWORKS, name

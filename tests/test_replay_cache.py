@@ -304,7 +304,7 @@ def test_when_the_cache_is_down_the_database_answers(user):
 
 def test_a_cache_alias_that_does_not_exist_leaves_the_database_to_answer(user, monkeypatch):
     # E029 refuses this setting at first use; past that guard, the database still answers.
-    monkeypatch.setattr("idempotency.checks.check_settings", lambda: [])
+    monkeypatch.setattr("idempotency.settings_checks.settings_messages", lambda user: [])
     with override_settings(IDEMPOTENCY={"REPLAY_CACHE": "no-such-cache"}):
         client = client_for(user)
         assert post(client).status_code == 201

@@ -56,15 +56,7 @@ class SignalCounters:
         )
 
     def receivers(self) -> list[tuple[Signal, Any]]:
-        return [
-            (signals.record_claimed, self.on_claimed),
-            (signals.response_replayed, self.on_replayed),
-            (signals.key_in_use, self.on_key_in_use),
-            (signals.key_reused, self.on_key_reused),
-            (signals.record_completed, self.on_completed),
-            (signals.record_recovered, self.on_recovered),
-            (signals.records_purged, self.on_purged),
-        ]
+        return signals.receivers_of(self)
 
     def connect(self) -> None:
         for signal, receiver in self.receivers():

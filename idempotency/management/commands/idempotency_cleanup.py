@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from argparse import ArgumentParser
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from idempotency.management._common import (
+    add_dry_run_and_batch_size,
+    parse_age,
+    positive_int,
+    records,
+    statuses,
+)
 from idempotency.models import PURGEABLE
 from idempotency.retention import purge
-
-_AGE = re.compile(r"^\s*(\d+)\s*([dhms])\s*$", re.IGNORECASE)
-_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
-
-
-def parse_age(value: str) -> timedelta:
-    """``7d``, ``12h``, ``30m`` or ``45s`` as a ``timedelta``."""
-    match = _AGE.match(value)
-    if match is None or int(match.group(1)) == 0:
-        raise CommandError(
-            f"--older-than should be a positive number with a unit d, h, m or s "
-            f"(e.g. 7d, 12h, 30m, 45s), not {value!r}."
-        )
-    return timedelta(**{_UNITS[match.group(2).lower()]: int(match.group(1))})
-
-
-def records(count: int) -> str:
-    return f"{count:,} record{'' if count == 1 else 's'}"
 
 
 class Command(BaseCommand):
@@ -38,8 +25,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        add_dry_run_and_batch_size(
+            parser,
+            dry_run="Count what would be deleted; delete nothing.",
+            batch="Rows deleted per transaction",
+            setting="PURGE_BATCH_SIZE",
         )
         parser.add_argument(
             "--older-than",
@@ -56,11 +46,6 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--scope", help="Only records of this scope; a trailing * matches a prefix."
-        )
-        parser.add_argument(
-            "--batch-size",
-            metavar="N",
-            help="Rows deleted per transaction (default: IDEMPOTENCY['PURGE_BATCH_SIZE']).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -85,28 +70,3 @@ class Command(BaseCommand):
         percent = 100 * done // total if total else 100
         self.stdout.write(f"\rPurging... {done:,}/{total:,} ({percent}%)", ending="")
         self.stdout.flush()
-
-
-def positive_int(value: str | int | None, option: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise CommandError(f"{option} should be a positive integer, not {value!r}.")
-    return number
-
-
-def statuses(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    chosen = [part.strip().upper() for value in values for part in value.split(",") if part.strip()]
-    unknown = sorted(set(chosen) - set(PURGEABLE))
-    if unknown:
-        raise CommandError(
-            f"--status should be one of {', '.join(PURGEABLE)}, not {', '.join(unknown)} "
-            "(PROCESSING and NEEDS_REVIEW records are never purged)."
-        )
-    return chosen

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from idempotency.management.commands.idempotency_cleanup import positive_int, records
+from idempotency.management._common import add_dry_run_and_batch_size, positive_int, records
 from idempotency.recovery import RecoveryReport, recover_expired
 
 
@@ -18,15 +18,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="Ask the resolvers and report what would happen; change nothing.",
-        )
-        parser.add_argument(
-            "--batch-size",
-            metavar="N",
-            help="Records per transaction (default: IDEMPOTENCY['RECOVERY_BATCH_SIZE']).",
+        add_dry_run_and_batch_size(
+            parser,
+            dry_run="Ask the resolvers and report what would happen; change nothing.",
+            batch="Records per transaction",
+            setting="RECOVERY_BATCH_SIZE",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

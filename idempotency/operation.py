@@ -1,0 +1,135 @@
+"""What the protocol runs: an ``Operation`` (one business intent) and its ``Attempt``.
+
+The types every part of the protocol passes around, with the per-call options
+they carry and how each falls back to its setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cache, cached_property
+from typing import Literal
+
+from idempotency.conf import idempotency_settings
+from idempotency.exceptions import LeaseLost
+from idempotency.models import IdempotencyRecord
+from idempotency.resolvers import ResolverSpec
+from idempotency.stores import Store, records_database, store_for
+
+Mode = Literal["atomic", "lease"]
+MODES: tuple[Mode, ...] = ("atomic", "lease")
+# What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
+# row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
+# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
+InFlight = Literal["wait", "conflict"]
+IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One business intent: who (scope), which key, and what exactly (request_hash)."""
+
+    scope: str
+    key: str
+    request_hash: str
+    name: str = ""
+    method: str = ""
+    path: str = ""
+    mode: Mode = "atomic"
+    lease_seconds: float | None = None
+    lock_timeout: float | None = None
+    using: str | None = None
+    # Who says what happened when a lease is lost: a callable or a dotted path
+    # (see idempotency.resolvers); None looks it up by ``name``.
+    resolver: ResolverSpec | None = None
+    # Lease mode: how long a duplicate of an in-flight attempt waits for its
+    # outcome before ``KeyInUse``; None reads WAIT_SECONDS.
+    wait_seconds: float | None = None
+    # None reads IN_FLIGHT.
+    in_flight: InFlight | None = None
+
+    # Where its record lives: known once the rest is.
+    database: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", bounded_scope(self.scope))
+        object.__setattr__(self, "database", records_database(self.using))
+
+    @cached_property
+    def store(self) -> Store:
+        return store_for(self.database)
+
+    @property
+    def conflict_at_once(self) -> bool:
+        """A duplicate of an attempt in flight gets 409 at once: no lock wait, no waiting."""
+        return (self.in_flight or idempotency_settings.IN_FLIGHT) == "conflict"
+
+    @property
+    def wait_for(self) -> float:
+        if self.conflict_at_once:
+            return 0.0
+        if self.wait_seconds is not None:
+            return self.wait_seconds
+        return idempotency_settings.WAIT_SECONDS
+
+
+def check_in_flight(in_flight: str | None, wait_seconds: float | None) -> None:
+    """Refuse an ``in_flight`` that is not one of ``IN_FLIGHT``, or that contradicts itself."""
+    if in_flight is not None and in_flight not in IN_FLIGHT:
+        raise ValueError(f"in_flight should be one of {IN_FLIGHT}, not {in_flight!r}.")
+    if in_flight == "conflict" and wait_seconds:
+        raise ValueError(
+            "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
+        )
+
+
+@cache
+def _scope_width() -> int:
+    return IdempotencyRecord._meta.get_field("scope").max_length or 255
+
+
+def bounded_scope(scope: str) -> str:
+    """``scope`` if it fits its column, else a prefix and the scope's SHA-256.
+
+    Cutting it short instead would let two long scopes share records, and
+    replay one scope's response to the other.
+    """
+    if len(scope) <= (width := _scope_width()):
+        return scope
+    digest = hashlib.sha256(scope.encode()).hexdigest()
+    return f"{scope[: width - len(digest) - 1]}#{digest}"
+
+
+@dataclass
+class Attempt:
+    """The claim held by the running work; lets long work renew its lease."""
+
+    operation: Operation
+    record: IdempotencyRecord
+    owner_token: str
+    resource_id: str = ""
+    started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
+
+    def renew(self, seconds: float | None = None) -> None:
+        if self.operation.mode != "lease":
+            return
+        lease = lease_length(self.operation, seconds)
+        if not self.operation.store.renew(self.record.pk, self.owner_token, lease):
+            raise LeaseLost()
+
+
+def lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
+    length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
+    return timedelta(seconds=length)
+
+
+def lock_timeout(operation: Operation) -> float:
+    """How long a claim waits on the row lock of a concurrent attempt; 0: not at all."""
+    if operation.conflict_at_once:
+        return 0.0
+    if operation.lock_timeout is not None:
+        return operation.lock_timeout
+    return float(idempotency_settings.LOCK_TIMEOUT)
