@@ -30,5 +30,5 @@ fi
 for release in $releases; do
   "$PY" -m pip install -q --disable-pip-version-check "django-ninja==$release"
   echo "== ninja adapter on django-ninja $release ($spec), SQLite"
-  env -u DATABASE_URL "$PY" -m pytest -q -p no:cacheprovider tests/test_ninja.py "$@"
+  env -u DATABASE_URL "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_ninja.py "$@"
 done

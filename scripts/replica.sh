@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A private PostgreSQL primary and a hot standby streaming from it, for the replica
-# tests (tests/test_replica.py; docs/databases.md, "Read replicas").
+# tests (tests/deployment/test_replica.py; docs/databases.md, "Read replicas").
 #
 #   scripts/replica.sh start   # primary on 127.0.0.1:$REPLICA_PRIMARY_PORT (5491),
 #                              # standby on 127.0.0.1:$REPLICA_STANDBY_PORT (5492)
@@ -78,7 +78,7 @@ case "${1:-}" in
     DATABASE_URL="postgres://postgres@127.0.0.1:$PRIMARY_PORT/idempotency" \
       REPLICA_URL="postgres://postgres@127.0.0.1:$STANDBY_PORT/idempotency" \
       REQUIRE_POSTGRES=1 TEST_DATABASE_NAME=test_idempotency_replica \
-      .venv/bin/python -m pytest -q -p no:cacheprovider -m replica tests/test_replica.py "$@"
+      .venv/bin/python -m pytest -q -p no:cacheprovider -m replica tests/deployment/test_replica.py "$@"
     ;;
   *) echo "usage: $0 start|stop|test [pytest arguments]" >&2; exit 2 ;;
 esac

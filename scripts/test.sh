@@ -57,15 +57,15 @@ PGB_TEST_DB=test_idempotency_pgbouncer
 # created through it but dropped directly, with FORCE, afterwards.
 PGBOUNCER=1 DATABASE_URL=$PGB_URL TEST_DATABASE_NAME=$PGB_TEST_DB REQUIRE_POSTGRES=1 \
   "$PY" -m pytest -q --reuse-db -p no:cacheprovider -m "not session and not mariadb" \
-  tests/test_pgbouncer.py tests/test_concurrency.py tests/test_lease.py tests/test_waiting.py \
-  tests/test_claim_statement.py tests/test_example_http.py tests/test_example_ninja_http.py \
-  tests/test_async.py tests/test_celery.py "$@"
+  tests/deployment/test_pgbouncer.py tests/protocol/test_concurrency.py tests/protocol/test_lease.py tests/protocol/test_waiting.py \
+  tests/unit/test_stores_postgres.py tests/example/test_http.py tests/example/test_ninja_http.py \
+  tests/protocol/test_async.py tests/protocol/test_celery.py "$@"
 PGBOUNCER_PORT=$PGB_PORT bash scripts/pgbouncer.sh stop
 psql "${PG_URL%/*}/postgres" -qc "DROP DATABASE IF EXISTS $PGB_TEST_DB WITH (FORCE)"
 echo "== tests against a streaming replica (a private primary and a hot standby 3 s behind)"
 bash scripts/replica.sh test "$@"
 echo "== several servers and workers on one database: 3 gunicorn instances (one killed), 2 Celery workers and beat"
-DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/test_topology.py "$@"
+DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/deployment/test_topology.py "$@"
 
 bash scripts/ninja-releases.sh "$@"
 PG_TESTS=$PG_TESTS bash scripts/package-check.sh "$@"
