@@ -18,6 +18,8 @@ from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
 from tests.unit.test_retention import exists, expired
 
+pytestmark = pytest.mark.django_db
+
 
 @pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
