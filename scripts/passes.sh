@@ -136,4 +136,8 @@ ci() {
   done
 }
 
+if [ $# -eq 0 ]; then
+  echo "usage: $0 PASS [pytest arguments], PASS one of: $(echo $CI) ci" >&2
+  exit 2
+fi
 run_pass "$@"
