@@ -5,9 +5,7 @@
 example:
 	ADDR="$(ADDR)" PORT="$(PORT)" bash scripts/example.sh
 
-# The full suite: ruff, mypy, docs, all tests on SQLite, PostgreSQL and MariaDB on
-# Django 5.2, and on Django 6.1 where a Python 3.12+ is installed; the packages built
-# and their tests run from the sdist.
+# Everything CI runs (.ci/run): the passes listed in scripts/passes.sh.
 test:
 	bash scripts/test.sh
 
@@ -15,7 +13,7 @@ lint:
 	bash scripts/bootstrap.sh
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 
-# The replica tests alone: a private primary and a lagging hot standby, started and
-# stopped around them (scripts/replica.sh; scripts/test.sh runs it once).
+# One pass of scripts/passes.sh: a private primary and a lagging hot standby, started
+# and stopped around the replica tests.
 replica:
-	bash scripts/replica.sh test
+	bash scripts/passes.sh replica

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The django-ninja adapter's tests on every ninja release that the `ninja` extra admits
-# (the adapter uses ninja's result converter, which is not public API), in a venv of their
-# own (.venv-ninja). Extra arguments go to pytest.
+# The ninja pass of scripts/passes.sh (the django-ninja adapter's tests) on every ninja
+# release that the `ninja` extra admits (the adapter uses ninja's result converter, which is
+# not public API), in a venv of their own (.venv-ninja). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-ninja DEP_GROUPS=test DJANGO_SPEC="django>=5.2,<6.0" bash scripts/bootstrap.sh
@@ -29,6 +29,5 @@ if [ -z "$releases" ]; then
 fi
 for release in $releases; do
   "$PY" -m pip install -q --disable-pip-version-check "django-ninja==$release"
-  echo "== ninja adapter on django-ninja $release ($spec), SQLite"
-  env -u DATABASE_URL "$PY" -m pytest -q -p no:cacheprovider tests/test_ninja.py "$@"
+  PY=$PY bash scripts/passes.sh ninja "$@"
 done

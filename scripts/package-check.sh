@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the sdist and the wheel, check them (twine check --strict, LICENSE and py.typed
-# inside), install the wheel into a fresh venv on the newest Python here, and run the
-# sdist's own suite against that install: on SQLite, and where that Python is 3.12+, on
-# Django 6.1 and on PostgreSQL (with psycopg's prepared statements on) too. Extra arguments go to pytest.
+# The package pass of scripts/passes.sh. Build the sdist and the wheel, check them (twine
+# check --strict, LICENSE and py.typed inside), install the wheel into a fresh venv on the
+# newest Python here, and run the sdist's own sqlite pass against that install, and where
+# that Python is 3.12+ (so Django 6.1) its postgres-prepared pass too. Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -47,15 +48,12 @@ case "$installed" in
   "$work/venv/"*) ;;
   *) echo "ERROR: the suite would import $installed, not the installed wheel" >&2; exit 1 ;;
 esac
-versions=$("$vpy" -c 'import sys, django; print(f"Django {django.get_version()}, Python {sys.version.split()[0]}")')
-echo "== the sdist's suite against the installed wheel, on SQLite, $versions"
-env -u DATABASE_URL "$vpy" -m pytest -q -p no:cacheprovider \
-  -m "not postgres and not mariadb and not server_db" "$@"
+# The sdist's own scripts/passes.sh, with the venv's Python.
+echo "== the sdist's suite against the installed wheel"
+PY=$vpy bash scripts/passes.sh sqlite -q -p no:cacheprovider "$@"
 if "$vpy" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
-  echo "== the sdist's suite against the installed wheel, on PostgreSQL with prepared statements (server-side binding, prepare_threshold 0), $versions"
-  DATABASE_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency} \
-    TEST_DATABASE_NAME=test_idempotency_newest REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 \
-    "$vpy" -m pytest -q -p no:cacheprovider -m "${PG_TESTS:-not mariadb}" "$@"
+  PY=$vpy TEST_DATABASE_NAME=${TEST_DATABASE_NAME:-test_idempotency_newest} \
+    bash scripts/passes.sh postgres-prepared -p no:cacheprovider "$@"
 else
   echo "== no Python 3.12+ on this machine: Django 6.x not tested here (5.2 ran above)"
 fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A private PostgreSQL primary and a hot standby streaming from it, for the replica
-# tests (tests/test_replica.py; docs/databases.md, "Read replicas").
+# pass (scripts/passes.sh; docs/databases.md, "Read replicas").
 #
 #   scripts/replica.sh start   # primary on 127.0.0.1:$REPLICA_PRIMARY_PORT (5491),
 #                              # standby on 127.0.0.1:$REPLICA_STANDBY_PORT (5492)
-#   scripts/replica.sh test    # start, run the replica tests once, stop
+#   scripts/replica.sh test    # start, run the replica pass once, stop (scripts/passes.sh)
 #   scripts/replica.sh stop
 #
 # Both clusters live in $REPLICA_DIR (under /tmp by default) and run as the postgres
@@ -73,12 +73,7 @@ case "${1:-}" in
   stop) stop ;;
   test)
     shift
-    start
-    trap stop EXIT
-    DATABASE_URL="postgres://postgres@127.0.0.1:$PRIMARY_PORT/idempotency" \
-      REPLICA_URL="postgres://postgres@127.0.0.1:$STANDBY_PORT/idempotency" \
-      REQUIRE_POSTGRES=1 TEST_DATABASE_NAME=test_idempotency_replica \
-      .venv/bin/python -m pytest -q -p no:cacheprovider -m replica tests/test_replica.py "$@"
+    exec bash scripts/passes.sh replica "$@"
     ;;
   *) echo "usage: $0 start|stop|test [pytest arguments]" >&2; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""The test project under an ASGI server (tests/test_async.py serves it with uvicorn)."""
+"""The test project under an ASGI server (tests/protocol/test_async.py serves it with uvicorn)."""
 
 import os
 

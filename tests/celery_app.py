@@ -1,4 +1,4 @@
-"""The Celery app of tests/test_tasks.py: Redis broker, the idempotency tasks.
+"""The Celery app of tests/protocol/test_tasks.py: Redis broker, the idempotency tasks.
 
 The test starts ``celery -A tests.celery_app worker`` with ``DATABASE_URL``
 pointing at the test database and its own queue.
@@ -31,7 +31,7 @@ if os.environ.get("IDEMPOTENCY_TEST_BEAT_EVERY"):
     app.conf.beat_schedule = beat_schedule(recover_every=every, purge_every=every)
 
 if os.environ.get("IDEMPOTENCY_TEST_LEDGER"):
-    # tests/test_topology.py: each worker appends what it recovered and purged, one
+    # tests/deployment/test_topology.py: each worker appends what it recovered and purged, one
     # line each (appends of a line are atomic), for the test to count.
     from idempotency import signals
 

@@ -6,7 +6,8 @@ import environ
 
 SECRET_KEY = "tests-only"
 DEBUG = False
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]  # tests/test_async.py serves over HTTP
+# tests/protocol/test_async.py serves over HTTP.
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 USE_TZ = True
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "static/"
@@ -94,5 +95,5 @@ REST_FRAMEWORK = {
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# The example project's payment callback (tests/test_example_project.py).
+# The example project's payment callback (tests/example/test_project.py).
 PAYMENT_WEBHOOK_SECRET = "tests-webhook-secret"

@@ -1,4 +1,4 @@
-"""A project without Django REST framework, for tests/test_without_drf.py.
+"""A project without Django REST framework, for tests/deployment/test_without_drf.py.
 
 ``import rest_framework`` fails in any process that loads these settings, as if
 it were not installed.

@@ -1,4 +1,4 @@
-"""Async views for tests/test_async.py, served by uvicorn and by Django's AsyncClient.
+"""Async views for tests/protocol/test_async.py, served by uvicorn and by Django's AsyncClient.
 
 Control by headers, which are not part of the fingerprint: ``X-Sleep`` (seconds, after
 the write), ``X-Status`` (the status answered after the write) and ``X-Fail`` (raise

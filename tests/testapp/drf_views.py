@@ -1,4 +1,4 @@
-"""DRF views for tests/test_drf.py: the browsable API and lease mode under ATOMIC_REQUESTS."""
+"""DRF views for tests/unit/test_drf.py: the browsable API and lease mode under ATOMIC_REQUESTS."""
 
 from __future__ import annotations
 

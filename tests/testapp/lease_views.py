@@ -1,4 +1,4 @@
-"""Lease-mode views and resolvers for tests/test_lease.py, test_recovery.py and test_tasks.py.
+"""Lease-mode views and resolvers for tests/protocol/: test_lease, test_recovery, test_tasks.
 
 The business effect is an ``Order`` whose ``sku`` carries the idempotency key,
 so a resolver can tell whether the first attempt made it.

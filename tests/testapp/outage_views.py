@@ -1,4 +1,4 @@
-"""Views whose database connection dies under them, for tests/test_outage.py.
+"""Views whose database connection dies under them, for tests/protocol/test_outage.py.
 
 ``X-Break: auth`` kills the connection in authentication (DRF's or ninja's, which
 run before the protected code), ``X-Break: before`` before the view's write and

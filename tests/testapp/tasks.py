@@ -1,4 +1,4 @@
-"""Idempotent Celery tasks for tests/test_celery.py.
+"""Idempotent Celery tasks for tests/protocol/test_celery.py.
 
 The effect is an ``Order`` whose ``sku`` carries the key; ``seconds`` keeps the
 first run busy so that a duplicate arrives while it holds the key.

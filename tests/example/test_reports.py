@@ -37,17 +37,6 @@ REPORTS = "/api/reports/"
 PBKDF2 = "django.contrib.auth.hashers.PBKDF2PasswordHasher"
 
 
-@pytest.fixture(autouse=True)
-def example_urls():
-    with override_settings(ROOT_URLCONF="example_project.urls"):
-        yield
-
-
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="alice-password")
-
-
 @pytest.fixture
 def client(alice: User) -> APIClient:
     api = APIClient()

@@ -331,7 +331,7 @@ class TestExistingStates:
             business.run()
         assert caught.value.retry_after == 7
         assert business.runs == 0
-        # No resolver can say what happened: an operator must (tests/test_lease.py).
+        # No resolver can say what happened: an operator must (tests/protocol/test_lease.py).
         assert record().status == Status.NEEDS_REVIEW
 
     def test_in_use_checks_the_hash_first(self, business):

@@ -20,7 +20,7 @@ from tests.factories import IdempotencyRecordFactory, UserFactory
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:idempotency_idempotencyrecord_changelist"
-RESOLVER = "tests.test_admin.resolved_done"
+RESOLVER = "tests.unit.test_admin.resolved_done"
 
 
 def resolved_done(record: IdempotencyRecord) -> Resolution:

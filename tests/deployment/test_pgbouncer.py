@@ -18,7 +18,16 @@ from django.db import connection
 from django.test import override_settings
 
 from idempotency.stores import transaction_pooled
-from tests.test_waiting import URL, WAITING_URL, done, during_first, in_flight, orders, send, until
+from tests.protocol.test_waiting import (
+    URL,
+    WAITING_URL,
+    done,
+    during_first,
+    in_flight,
+    orders,
+    send,
+    until,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer, pytest.mark.django_db(transaction=True)]
 

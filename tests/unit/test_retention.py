@@ -1,15 +1,19 @@
-"""Retention and purge: windows, statuses, scopes, batches, locks, and the query plans."""
+"""Retention and purge: windows, statuses, scopes, and batches that start where the last ended.
+
+With other connections at work, and the query plans on many rows:
+tests/protocol/test_retention_at_scale.py.
+"""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idempotency import signals
@@ -17,8 +21,7 @@ from idempotency.core import Operation, execute
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
-from idempotency.recovery import expired_batch
-from idempotency.retention import batch, purge, purgeable, retention_for
+from idempotency.retention import purge, retention_for
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
@@ -188,124 +191,42 @@ class TestPurge:
             purge(batch_size=-5)
 
 
-@pytest.mark.server_db
-@pytest.mark.django_db(transaction=True)
-class TestPurgeWithOtherConnections:
-    def test_each_batch_is_committed_on_its_own(self):
-        for _ in range(6):
-            expired()
-        visible: list[int] = []
-
-        def count_from_another_connection(done: int, total: int) -> None:
-            def count() -> None:
-                try:
-                    visible.append(IdempotencyRecord.objects.count())
-                finally:
-                    connection.close()
-
-            thread = threading.Thread(target=count)
-            thread.start()
-            thread.join(timeout=10)
-
-        assert purge(batch_size=2, progress=count_from_another_connection) == 6
-        assert visible == [4, 2, 0]
-
-    def test_a_row_a_request_holds_is_skipped_not_waited_for(self):
-        held, free = expired(), expired()
-        locked, release = threading.Event(), threading.Event()
-
-        def request_holding_the_row() -> None:
-            try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.select_for_update().get(pk=held.pk)
-                    locked.set()
-                    release.wait(timeout=10)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=request_holding_the_row)
-        thread.start()
-        try:
-            assert locked.wait(timeout=10)
-            assert purge() == 1
-        finally:
-            release.set()
-            thread.join(timeout=10)
-        assert exists(held)
-        assert not exists(free)
+# Batches start where the last one ended (a keyset on the purge order).
 
 
-BULK_ROWS = 100_000
+def test_ties_across_a_batch_boundary_are_all_deleted():
+    same_moment = timezone.now() - timedelta(days=1)
+    for _ in range(7):
+        IdempotencyRecordFactory(succeeded=True, expires_at=same_moment)
+    assert purge(batch_size=3) == 7
+    assert not IdempotencyRecord.objects.exists()
 
-# Rows in known shapes: 1% expired (purge's business), 1% created 30 days ago,
-# 0.5% PROCESSING of which a fifth expired; the rest finished, recent, live.
-BULK_INSERT = """
-INSERT INTO idempotency_idempotencyrecord (
-    scope, idem_key, operation, request_hash, request_method, request_path, status,
-    owner_token, lease_until, response_status, response_headers, resource_id, attempts,
-    recovery_attempts, version, created_at, updated_at, completed_at, expires_at
-)
-SELECT
-    'user:' || (i %% 1000) || ':tests.bulk', 'key-' || i, 'tests.bulk',
-    md5(i::text) || md5(i::text), 'POST', '/orders/',
-    CASE WHEN i %% 200 = 7 THEN 'PROCESSING' ELSE 'SUCCEEDED' END,
-    md5(i::text),
-    CASE
-        WHEN i %% 1000 = 7 THEN now() - interval '1 minute'
-        WHEN i %% 200 = 7 THEN now() + interval '1 minute'
-    END,
-    201, '[]'::jsonb, i::text, 1, 0, 1,
-    CASE WHEN i %% 100 = 3 THEN now() - interval '30 days' ELSE now() - interval '1 hour' END,
-    now(), now(),
-    CASE
-        WHEN i %% 200 = 7 THEN NULL
-        WHEN i %% 100 = 1 THEN now() - interval '1 hour'
-        ELSE now() + interval '1 day'
-    END
-FROM generate_series(1, %s) AS i
-"""
+
+def test_every_expired_record_goes_whatever_the_order_they_expired_in():
+    now = timezone.now()
+    for minutes in [5, 1, 9, 3, 7, 2, 8, 4, 6]:
+        IdempotencyRecordFactory(succeeded=True, expires_at=now - timedelta(minutes=minutes))
+    kept = IdempotencyRecordFactory(succeeded=True)
+    assert purge(batch_size=2) == 9
+    assert list(IdempotencyRecord.objects.all()) == [kept]
+
+
+def test_older_than_batches_by_creation_time():
+    for days in [10, 12, 11, 14, 13]:
+        IdempotencyRecordFactory(succeeded=True, created_at=timezone.now() - timedelta(days=days))
+    assert purge(older_than=timedelta(days=7), batch_size=2) == 5
 
 
 @pytest.mark.postgres
-class TestQueryPlans:
-    """Purge and recovery read through their indexes, not the whole table (EXPLAIN)."""
-
-    @pytest.fixture
-    def many_rows(self) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(BULK_INSERT, [BULK_ROWS])
-            cursor.execute("ANALYZE idempotency_idempotencyrecord")
-
-    def plan(self, queryset: Any) -> str:
-        with transaction.atomic():  # FOR UPDATE needs a transaction
-            return str(queryset.explain())
-
-    def test_purge_uses_the_expiry_index(self, many_rows):
-        plan = self.plan(batch(purgeable(), 1000).values_list("pk", flat=True))
-        assert "idempotency_expires_idx" in plan, plan
-        assert "Seq Scan" not in plan, plan
-        assert purgeable().count() == BULK_ROWS // 100
-
-    def test_purge_older_than_uses_the_status_index(self, many_rows):
-        records = purgeable(older_than=timedelta(days=7))
-        plan = self.plan(batch(records, 1000).values_list("pk", flat=True))
-        assert "idempotency_status_idx" in plan, plan
-        assert "Seq Scan" not in plan, plan
-
-    def test_the_delete_goes_by_primary_key(self, many_rows):
-        pks = list(purgeable().values_list("pk", flat=True)[:1000])
-        plan = str(IdempotencyRecord.objects.filter(pk__in=pks).explain())
-        assert "idempotency_idempotencyrecord_pkey" in plan, plan
-        assert "Seq Scan" not in plan, plan
-
-    def test_recovery_uses_the_lease_index(self, many_rows):
-        query = (
-            IdempotencyRecord.objects.expired_leases()
-            .select_for_update(skip_locked=True)
-            .order_by("lease_until", "pk")[:100]
+def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
+    for minutes in range(5):
+        IdempotencyRecordFactory(
+            succeeded=True, expires_at=timezone.now() - timedelta(minutes=10 - minutes)
         )
-        plan = self.plan(query)
-        assert "idempotency_lease_idx" in plan, plan
-        assert "Seq Scan" not in plan, plan
-        with transaction.atomic():
-            assert len(expired_batch("default", after=None, size=100, lock=True)) == 100
+    with CaptureQueriesContext(connection) as queries:
+        assert purge(batch_size=2) == 5
+    deletes = [query["sql"] for query in queries if "DELETE" in query["sql"]]
+    assert len(deletes) == 3  # 2 + 2 + 1: one statement a batch
+    assert all(sql.startswith("WITH gone AS (DELETE") for sql in deletes)
+    assert '"expires_at" >=' not in deletes[0]
+    assert all('"expires_at" >=' in sql for sql in deletes[1:])

@@ -20,7 +20,7 @@ from idempotency import core
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import IdempotencyRecord, Status
 from tests.factories import UserFactory
-from tests.test_core import OTHER_HASH, Business, operation
+from tests.unit.test_core import OTHER_HASH, Business, operation
 
 pytestmark = pytest.mark.django_db
 

@@ -145,7 +145,9 @@ def test_key_reuse(capture):
 
 
 def test_recovery_outcome(capture, settings):
-    settings.IDEMPOTENCY = {"RESOLVERS": {"tests.operation": "tests.test_signals.resolved_done"}}
+    settings.IDEMPOTENCY = {
+        "RESOLVERS": {"tests.operation": "tests.protocol.test_signals.resolved_done"}
+    }
     record = IdempotencyRecordFactory(expired_lease=True)
     recovered = capture(signals.record_recovered)
     assert resolve_record(record) == "succeeded"

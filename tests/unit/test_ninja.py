@@ -233,7 +233,7 @@ class TestOutcomes:
         assert IdempotencyRecord.objects.get().status == Status.FAILED_FINAL
         assert Order.objects.count() == 2
 
-    @override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.test_ninja.tenant_scope"})
+    @override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.unit.test_ninja.tenant_scope"})
     def test_the_projects_scope_function_wins(self, client, auth):
         post(client, "/orders", ORDER, auth)
 

@@ -90,7 +90,7 @@ def test_bad_setting_is_reported_by_id(error_id, setting):
 
 
 def test_every_check_id_is_tested():
-    # E028 needs DRF missing: below, and for real in tests/test_without_drf.py.
+    # E028 needs DRF missing: below, and for real in tests/deployment/test_without_drf.py.
     # E031 needs a URLconf: test_lease_views_under_atomic_requests_are_each_reported.
     tested = {error_id for error_id, _ in BAD_SETTINGS} | {"idempotency.E028", "idempotency.E031"}
     assert ids_in_checks_modules() == tested

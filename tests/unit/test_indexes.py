@@ -72,8 +72,9 @@ def test_deconstructs_to_what_it_was_built_from():
 
 BULK_ROWS = 20_000
 
-# The shapes of TestQueryPlans in test_retention.py, on fewer rows, for MySQL/MariaDB: 1%
-# expired, 1% created 30 days ago, 0.5% PROCESSING of which a fifth expired.
+# The shapes of TestQueryPlans in tests/protocol/test_retention_at_scale.py, on fewer rows,
+# for MySQL/MariaDB: 1% expired, 1% created 30 days ago, 0.5% PROCESSING of which a fifth
+# expired.
 BULK_INSERT = """
 INSERT INTO idempotency_idempotencyrecord (
     scope, idem_key, operation, request_hash, request_method, request_path, status,

@@ -28,9 +28,9 @@ from idempotency.retention import purge
 from idempotency.stores import records_database
 from idempotency.transitions import transition
 from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.test_admin import act, changelist, listed, logged_in, notes, staff
-from tests.test_concurrency import post_order, run_in_threads
+from tests.protocol.test_concurrency import post_order, run_in_threads
 from tests.testapp.models import Order
+from tests.unit.test_admin import act, changelist, listed, logged_in, notes, staff
 
 pytestmark = [
     pytest.mark.postgres,
@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "replica"]),
 ]
 
-RESOLVER = "tests.test_replica.resolved_done"
+RESOLVER = "tests.deployment.test_replica.resolved_done"
 PRIMARY = "default"
 
 

@@ -28,8 +28,7 @@ from idempotency.http import IdempotencyOptions, build_operation
 from idempotency.ninja import idempotent as ninja_idempotent
 from tests.example_server import Server, example_project, gunicorn, orders_held
 from tests.factories import UserFactory
-from tests.servers import Reply
-from tests.test_concurrency import (
+from tests.protocol.test_concurrency import (
     JOIN_TIMEOUT,
     ORDER,
     THREADS,
@@ -40,6 +39,7 @@ from tests.test_concurrency import (
     post_order,
     run_in_threads,
 )
+from tests.servers import Reply
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 

@@ -542,7 +542,7 @@ class TestErrorFormats:
 
     @override_settings(
         IDEMPOTENCY={"ERROR_FORMAT": "drf"},
-        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.test_http.wrapped_errors"},
+        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.wrapped_errors"},
     )
     def test_drf_format_uses_the_projects_handler_and_keeps_the_code(self, client):
         response = post(client, "/orders/", ORDER, key="a,b")

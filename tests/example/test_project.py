@@ -2,37 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import override_settings
 from rest_framework.test import APIClient
 
 from example_project.shop.models import Order, Payment
 from idempotency import KeyReused
 from idempotency.models import IdempotencyRecord, Status
+from tests.example.conftest import basic, sign
 
 pytestmark = pytest.mark.django_db
 
 ORDERS = "/api/orders/"
 CALLBACK = "/api/payments/callback/"
-SECRET = "tests-webhook-secret"
-
-
-@pytest.fixture(autouse=True)
-def example_urls():
-    with override_settings(ROOT_URLCONF="example_project.urls", PAYMENT_WEBHOOK_SECRET=SECRET):
-        yield
-
-
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="alice-password")
 
 
 @pytest.fixture
@@ -43,14 +29,8 @@ def bob() -> User:
 @pytest.fixture
 def client(alice: User) -> APIClient:
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=_basic("alice", "alice-password"))
+    api.credentials(HTTP_AUTHORIZATION=basic("alice", "alice-password"))
     return api
-
-
-def _basic(username: str, password: str) -> str:
-    import base64
-
-    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
 def _order(client: APIClient, body: Any, key: str | None = "key-1", **extra: Any):
@@ -60,15 +40,11 @@ def _order(client: APIClient, body: Any, key: str | None = "key-1", **extra: Any
     return client.post(ORDERS, raw, content_type="application/json", **extra)
 
 
-def _sign(body: bytes, secret: str = SECRET) -> str:
-    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
 def _callback(body: Any, *, signature: str | None = "valid"):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers: dict[str, Any] = {}
     if signature == "valid":
-        headers["HTTP_X_SIGNATURE"] = _sign(raw)
+        headers["HTTP_X_SIGNATURE"] = sign(raw)
     elif signature is not None:
         headers["HTTP_X_SIGNATURE"] = signature
     return APIClient().post(CALLBACK, raw, content_type="application/json", **headers)
@@ -178,7 +154,7 @@ def test_malformed_key_is_400_and_records_nothing(client, key):
 
 def test_two_users_with_the_same_key_are_independent(client, bob):
     bobs = APIClient()
-    bobs.credentials(HTTP_AUTHORIZATION=_basic("bob", "bob-password"))
+    bobs.credentials(HTTP_AUTHORIZATION=basic("bob", "bob-password"))
 
     for_alice = _order(client, {"sku": "BOOK-1", "quantity": 2}, key="shared")
     for_bob = _order(bobs, {"sku": "PEN-9", "quantity": 5}, key="shared")
@@ -214,7 +190,7 @@ def test_anonymous_callers_are_refused_before_any_record(method):
 
 def test_wrong_password_is_401(alice):
     intruder = APIClient()
-    intruder.credentials(HTTP_AUTHORIZATION=_basic("alice", "wrong"))
+    intruder.credentials(HTTP_AUTHORIZATION=basic("alice", "wrong"))
 
     response = _order(intruder, {"sku": "A", "quantity": 1})
 
@@ -346,9 +322,9 @@ def test_same_trade_with_another_amount_is_422(order):
 def test_bad_signature_is_401_and_writes_no_record(order, signature):
     body = json.dumps(_trade(order)).encode()
     if signature == "sign-other-secret":
-        signature = _sign(body, secret="not-the-secret")
+        signature = sign(body, secret="not-the-secret")
     elif signature == "sign-other-body":
-        signature = _sign(json.dumps(_trade(order, amount="0.01")).encode())
+        signature = sign(json.dumps(_trade(order, amount="0.01")).encode())
 
     response = _callback(body, signature=signature)
 
@@ -372,14 +348,14 @@ def test_a_badly_signed_retry_does_not_disturb_the_recorded_trade(order):
 def test_signature_is_accepted_in_upper_case_and_prefixed(order, form):
     body = json.dumps(_trade(order)).encode()
 
-    assert _callback(body, signature=form(_sign(body))).status_code == 200
+    assert _callback(body, signature=form(sign(body))).status_code == 200
 
 
 def test_callback_url_without_its_slash_also_works(order):
     body = json.dumps(_trade(order)).encode()
 
     response = APIClient().post(
-        CALLBACK.rstrip("/"), body, content_type="application/json", HTTP_X_SIGNATURE=_sign(body)
+        CALLBACK.rstrip("/"), body, content_type="application/json", HTTP_X_SIGNATURE=sign(body)
     )
 
     assert response.status_code == 200

@@ -7,9 +7,6 @@ reports, the signed payment callback; and the plain Django view of tests/testapp
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -21,26 +18,11 @@ from django.test import Client, override_settings
 from example_project.reports.models import Report
 from example_project.shop.models import Order, Payment
 from idempotency.models import IdempotencyRecord
+from tests.example.conftest import basic, sign
 
 pytestmark = pytest.mark.django_db
 
-SECRET = "bad-input-webhook-secret"
 Send = Callable[..., Any]
-
-
-@pytest.fixture(autouse=True)
-def example_urls():
-    with override_settings(ROOT_URLCONF="example_project.urls", PAYMENT_WEBHOOK_SECRET=SECRET):
-        yield
-
-
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="alice-password")
-
-
-def _basic() -> str:
-    return "Basic " + base64.b64encode(b"alice:alice-password").decode()
 
 
 def _post(path: str) -> Send:
@@ -49,7 +31,7 @@ def _post(path: str) -> Send:
             path,
             raw,
             content_type=content_type,
-            HTTP_AUTHORIZATION=_basic(),
+            HTTP_AUTHORIZATION=basic(),
             HTTP_IDEMPOTENCY_KEY=key,
         )
 
@@ -57,7 +39,7 @@ def _post(path: str) -> Send:
 
 
 def _callback(raw: bytes, key: str = "", content_type: str = "application/json") -> Any:
-    signature = hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    signature = sign(raw)
     return Client().post(
         "/api/payments/callback/", raw, content_type=content_type, HTTP_X_SIGNATURE=signature
     )

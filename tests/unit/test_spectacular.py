@@ -229,7 +229,7 @@ def test_the_mixins_docstrings_never_describe_an_operation(schema_class):
 
 
 def test_a_projects_own_schema_class_keeps_its_behaviour():
-    schema = generate("tests.test_spectacular.ProjectAutoSchema")
+    schema = generate("tests.unit.test_spectacular.ProjectAutoSchema")
 
     operation = schema["paths"]["/orders/"]["post"]
     assert operation["tags"] == ["project"]
