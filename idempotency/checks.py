@@ -16,7 +16,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, is_header_name, load_callable
 from idempotency.models import PURGEABLE, IdempotencyRecord
+from idempotency.shards import check_shards
 from idempotency.stores import store_for
+from idempotency.write_guard import check_write_guard
 
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
 
@@ -498,6 +500,8 @@ CHECKS: list[Check] = [
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
     _transaction_pooling,
     _choice("READ_FIRST", ("auto", "always", "never"), "idempotency.E034"),
+    check_shards,
+    check_write_guard,
 ]
 
 

@@ -39,6 +39,7 @@ from idempotency.recovery import settle
 from idempotency.resolvers import ResolverSpec, resolver_for
 from idempotency.retention import retention_for
 from idempotency.stores import Candidate, Store, records_database, store_for
+from idempotency.write_guard import writes_only_to
 
 logger = logging.getLogger("idempotency")
 
@@ -99,7 +100,7 @@ class Operation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
-        object.__setattr__(self, "database", records_database(self.using))
+        object.__setattr__(self, "database", records_database(self.using, scope=self.scope))
 
     @cached_property
     def store(self) -> Store:
@@ -294,7 +295,11 @@ def _execute_atomic(
     replay: Callable[[IdempotencyRecord], T],
 ) -> T:
     def run() -> tuple[bool, T | IdempotencyRecord | None]:
-        with transaction.atomic(using=operation.database), operation.store.statements():
+        with (
+            transaction.atomic(using=operation.database),
+            operation.store.statements(),
+            writes_only_to(operation.database),
+        ):
             attempt, existing = _claim(operation)
             if attempt is None:
                 return False, existing

@@ -112,6 +112,9 @@ class IdempotencyOptions:
     resolver: ResolverSpec | None = None
     wait_seconds: float | None = None
     in_flight: InFlight | None = None
+    # The database of the view's writes, where its records go in atomic mode; None
+    # asks DATABASE, then the router (idempotency.stores.records_database).
+    using: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -277,6 +280,7 @@ def build_operation(
         resolver=options.resolver,
         wait_seconds=options.wait_seconds,
         in_flight=options.in_flight,
+        using=options.using,
     )
 
 
