@@ -57,6 +57,7 @@ from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
+from idempotency.shards import request_tenant
 
 V = TypeVar("V", bound=Callable[..., Any])
 
@@ -312,10 +313,18 @@ def decorate(view: Any, decorator: Callable[[V], V]) -> V | Callable[[V], V]:
 
 
 def default_scope(request: AnyRequest, operation: str) -> str:
-    """``user:<pk>:<operation>``; anonymous callers have no scope and are refused."""
+    """``user:<pk>:<operation>``; anonymous callers have no scope and are refused.
+
+    Where the request has a tenant (django-tenants' ``request.tenant``, other
+    than the public schema), ``tenant:<schema>:user:<pk>:<operation>``: one
+    user working in two tenants has two scopes.
+    """
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         raise ScopeUnavailable()
+    tenant = request_tenant(request)
+    if tenant is not None:
+        return f"tenant:{tenant}:user:{user.pk}:{operation}"
     return f"user:{user.pk}:{operation}"
 
 

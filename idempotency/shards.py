@@ -26,7 +26,7 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
 from idempotency.stores import records_database
 
-__all__ = ["Shard", "namespace", "record_databases", "schema", "shards"]
+__all__ = ["Shard", "namespace", "record_databases", "request_tenant", "schema", "shards"]
 
 
 def schema(alias: str) -> str | None:
@@ -154,3 +154,14 @@ def check_shards(user: dict[str, Any]) -> list[CheckMessage]:
             id="idempotency.E035",
         )
     ]
+
+
+def request_tenant(request: Any) -> str | None:
+    """The schema of the request's tenant (django-tenants' ``request.tenant``), but not public's."""
+    tenant = getattr(request, "tenant", None)
+    name = getattr(tenant, "schema_name", None)
+    if name is None:
+        return None
+    if name == import_module("django_tenants.utils").get_public_schema_name():
+        return None
+    return str(name)

@@ -52,7 +52,8 @@ def clients() -> dict[str, Client]:
 
 
 def post(client: Client, path: str, key: str, sku: str = "book", pause: float = 0) -> Any:
-    return client.post(f"{path}?pause={pause}", headers={"Idempotency-Key": key, "X-Sku": sku})
+    headers = {"Idempotency-Key": key, "X-Sku": sku, "X-Pause": str(pause)}
+    return client.post(path, headers=headers)
 
 
 def records(alias: str) -> list[str]:

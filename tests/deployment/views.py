@@ -12,7 +12,7 @@ from tests.testapp.models import Order
 
 
 def _order(request: HttpRequest, using: str | None = None) -> JsonResponse:
-    time.sleep(float(request.GET.get("pause", "0")))  # so that duplicates overlap
+    time.sleep(float(request.headers.get("X-Pause", "0")))  # so that duplicates overlap
     order = Order.objects.db_manager(using).create(
         owner_id=request.user.pk, sku=request.headers.get("X-Sku", "sku"), quantity=1
     )
