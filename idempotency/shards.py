@@ -26,7 +26,14 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
 from idempotency.stores import records_database
 
-__all__ = ["Shard", "namespace", "record_databases", "request_tenant", "schema", "shards"]
+__all__ = [
+    "Shard",
+    "namespace",
+    "record_databases",
+    "request_tenant",
+    "schema",
+    "shards",
+]
 
 
 def schema(alias: str) -> str | None:

@@ -205,7 +205,8 @@ class PostgresStore(GenericStore):
 
         No list of ids goes back and forth.
         """
-        query, params = batch.values("pk").query.sql_with_params()
+        # Compiled for this alias: sql_with_params() would compile for the default one.
+        query, params = batch.values("pk").query.get_compiler(self.alias).as_sql()
         column = self._quote(_field(ordering).column)
         with self.connection.cursor() as cursor:
             cursor.execute(

@@ -5,6 +5,7 @@ Run with ``--ds=tests.deployment.shards_settings`` (scripts/test.sh, the tenants
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from collections import Counter
@@ -12,13 +13,16 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import Client, override_settings
 
-from idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.tasks import purge_expired_records, recover_expired_leases
 from idempotency.write_guard import CrossDatabaseWrite
 from tests.deployment.support import together
 from tests.deployment.tenancy import TENANTS, tenant
+from tests.factories import IdempotencyRecordFactory
 from tests.testapp.models import Order
 
 pytestmark = [
@@ -153,3 +157,66 @@ def test_the_router_gets_the_scope_as_a_hint(monkeypatch):
     with tenant("tenant_b"):
         assert records_database(scope="tenant-b:user:7") == "tenant_b"
     assert seen == [{"instance": None, "scope": "tenant-b:user:7"}]
+
+
+def seed(alias: str, expired: int, stuck: int) -> None:
+    """Expired records (purge's) and expired leases (recovery's) in ``alias``."""
+    with tenant(None if alias == "default" else alias):
+        for _ in range(expired):
+            IdempotencyRecordFactory(expired=True)
+        for _ in range(stuck):
+            IdempotencyRecordFactory(expired_lease=True)
+
+
+def statuses(alias: str) -> Counter[str]:
+    return Counter(IdempotencyRecord.objects.using(alias).values_list("status", flat=True))
+
+
+def run(command: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+def test_cleanup_purges_every_database_that_holds_records_and_names_each():
+    for alias, count in zip(ALIASES, (1, 2, 3), strict=True):
+        seed(alias, expired=count, stuck=0)
+
+    assert run("idempotency_cleanup", "--dry-run") == (
+        "default: would purge 1 record.\n"
+        "tenant_a: would purge 2 records.\n"
+        "tenant_b: would purge 3 records.\n"
+        "Would purge 6 records in 3 shards.\n"
+    )
+    assert run("idempotency_cleanup", "--database", "tenant_b") == "Purged 3 records.\n"
+    assert run("idempotency_cleanup").endswith("Purged 3 records in 3 shards.\n")
+    assert all(statuses(alias) == Counter() for alias in ALIASES)
+
+
+@override_settings(IDEMPOTENCY={"RELEASE_EXPIRED_WITHOUT_RESOLVER": True})
+def test_recover_settles_expired_leases_in_every_database():
+    for alias, count in zip(ALIASES, (1, 2, 3), strict=True):
+        seed(alias, expired=0, stuck=count)
+
+    out = run("idempotency_recover")
+
+    assert "tenant_a: Recovered 2 records: 0 succeeded, 2 released for retry" in out
+    assert out.splitlines()[-1].startswith("Recovered 6 records: 0 succeeded, 6 released")
+    assert out.splitlines()[-1].endswith(" in 3 shards.")
+    for alias, count in zip(ALIASES, (1, 2, 3), strict=True):
+        assert statuses(alias) == Counter({Status.FAILED_RETRYABLE: count})
+
+
+@override_settings(IDEMPOTENCY={"RELEASE_EXPIRED_WITHOUT_RESOLVER": True})
+def test_the_beat_tasks_fan_out_as_the_commands_do():
+    for alias in ALIASES:
+        seed(alias, expired=2, stuck=1)
+
+    assert recover_expired_leases()["released"] == 3
+    assert purge_expired_records() == 6
+    assert all(statuses(alias) == Counter({Status.FAILED_RETRYABLE: 1}) for alias in ALIASES)
+
+
+def test_a_database_that_is_not_one_is_refused():
+    with pytest.raises(CommandError, match="--database should be an alias of DATABASES"):
+        run("idempotency_cleanup", "--database", "tenant_c")

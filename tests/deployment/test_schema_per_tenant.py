@@ -7,6 +7,7 @@ public schema, so one user (one ``pk``) works in both. Run with
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -18,12 +19,15 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
 
-from idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord, Status
 from idempotency.stores.postgres import channel
+from idempotency.tasks import purge_expired_records, recover_expired_leases
 from tests.deployment.support import together
+from tests.factories import IdempotencyRecordFactory
 
 pytestmark = [
     pytest.mark.postgres,
@@ -203,3 +207,82 @@ def test_the_admin_lists_only_its_tenants_records(user):
     page = alpha.get("/admin/idempotency/idempotencyrecord/").content.decode()
 
     assert alpha_key in page and beta_key not in page
+
+
+def seed(name: str, expired: int, stuck: int) -> None:
+    """Expired records (purge's) and expired leases (recovery's) in schema ``name``."""
+
+    def make() -> None:
+        for _ in range(expired):
+            IdempotencyRecordFactory(expired=True)
+        for _ in range(stuck):
+            IdempotencyRecordFactory(expired_lease=True)
+
+    in_schema(name, make)
+
+
+def statuses(name: str) -> Counter[str]:
+    return in_schema(
+        name, lambda: Counter(IdempotencyRecord.objects.values_list("status", flat=True))
+    )
+
+
+def run(command: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+SCHEMAS = ("public", *TENANTS)
+
+
+@pytest.fixture
+def emptied() -> None:
+    """Tenant schemas keep their records between tests: start these from none."""
+    for name in SCHEMAS:
+        in_schema(name, lambda: IdempotencyRecord.objects.all().delete())
+
+
+def test_cleanup_from_the_public_schema_purges_every_schema_and_names_each(emptied):
+    for name, count in zip(SCHEMAS, (1, 2, 3), strict=True):
+        seed(name, expired=count, stuck=0)
+
+    assert run("idempotency_cleanup") == (
+        "default/public: purged 1 record.\n"
+        "default/alpha: purged 2 records.\n"
+        "default/beta: purged 3 records.\n"
+        "Purged 6 records in 3 shards.\n"
+    )
+    assert all(statuses(name) == Counter() for name in SCHEMAS)
+
+
+def test_cleanup_run_for_one_tenant_stays_in_its_schema(emptied):
+    """What ``tenant_command idempotency_cleanup --schema=alpha`` does."""
+    for name in SCHEMAS:
+        seed(name, expired=2, stuck=0)
+
+    assert in_schema("alpha", lambda: run("idempotency_cleanup")) == "Purged 2 records.\n"
+    assert statuses("alpha") == Counter()
+    assert statuses("beta") == statuses("public") == Counter({Status.SUCCEEDED: 2})
+
+
+def test_all_tenants_command_purges_each_tenant(emptied):
+    for name in TENANTS:
+        seed(name, expired=2, stuck=0)
+
+    call_command("all_tenants_command", "idempotency_cleanup", stdout=io.StringIO())
+    connection.set_schema_to_public()
+
+    assert all(statuses(name) == Counter() for name in TENANTS)
+
+
+@override_settings(IDEMPOTENCY={"RELEASE_EXPIRED_WITHOUT_RESOLVER": True})
+def test_recovery_and_the_beat_tasks_reach_every_schema(emptied):
+    for name in SCHEMAS:
+        seed(name, expired=1, stuck=2)
+
+    out = run("idempotency_recover", "--dry-run")
+    assert "default/beta: Would recover 2 records: 0 succeeded, 2 released" in out
+    assert recover_expired_leases()["released"] == 6
+    assert purge_expired_records() == 3
+    assert all(statuses(name) == Counter({Status.FAILED_RETRYABLE: 2}) for name in SCHEMAS)

@@ -8,9 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
+from idempotency.fanout import purge_everywhere
 from idempotency.models import PURGEABLE
-from idempotency.retention import purge
+from idempotency.retention import Progress
+from idempotency.shards import Shard
+from idempotency.stores import records_database
 
 _AGE = re.compile(r"^\s*(\d+)\s*([dhms])\s*$", re.IGNORECASE)
 _UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
@@ -62,29 +66,66 @@ class Command(BaseCommand):
             metavar="N",
             help="Rows deleted per transaction (default: IDEMPOTENCY['PURGE_BATCH_SIZE']).",
         )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run = bool(options["dry_run"])
+        watched = self.stdout.isatty() and not dry_run
         try:
-            count = purge(
+            counts = purge_everywhere(
+                database=chosen_database(options["database"]),
                 batch_size=positive_int(options["batch_size"], "--batch-size"),
                 older_than=parse_age(options["older_than"]) if options["older_than"] else None,
                 statuses=statuses(options["status"]),
                 scope=options["scope"] or None,
                 dry_run=dry_run,
-                progress=self.show_progress if self.stdout.isatty() and not dry_run else None,
+                progress=self.progress_of if watched else None,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        if self.stdout.isatty() and not dry_run and count:
-            self.stdout.write("")  # leave the progress line
         verb = "Would purge" if dry_run else "Purged"
-        self.stdout.write(self.style.SUCCESS(f"{verb} {records(count)}."))
+        count = sum(count for _, count in counts)
+        if watched and count:
+            self.stdout.write("")  # leave the progress line
+        if len(counts) > 1:
+            for shard, purged in counts:
+                self.stdout.write(f"{shard.label}: {verb.lower()} {records(purged)}.")
+            self.stdout.write(self.style.SUCCESS(f"{verb} {records(count)} in {shards(counts)}."))
+        else:
+            self.stdout.write(self.style.SUCCESS(f"{verb} {records(count)}."))
 
-    def show_progress(self, done: int, total: int) -> None:
-        percent = 100 * done // total if total else 100
-        self.stdout.write(f"\rPurging... {done:,}/{total:,} ({percent}%)", ending="")
-        self.stdout.flush()
+    def progress_of(self, shard: Shard) -> Progress:
+        """The progress line of one shard's pass (named where there are several)."""
+        named = "" if shard.label == records_database() else f" {shard.label}"
+
+        def show(done: int, total: int) -> None:
+            percent = 100 * done // total if total else 100
+            self.stdout.write(f"\rPurging{named}... {done:,}/{total:,} ({percent}%)", ending="")
+            self.stdout.flush()
+
+        return show
+
+
+def add_database_argument(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--database",
+        metavar="ALIAS",
+        help="Only this database (default: every database that holds records: "
+        "IDEMPOTENCY['SHARDS'], else the routers' allow_migrate; each tenant schema under "
+        "django-tenants).",
+    )
+
+
+def chosen_database(alias: str | None) -> str | None:
+    if alias is not None and alias not in connections:
+        raise CommandError(
+            f"--database should be an alias of DATABASES ({', '.join(connections)}), not {alias!r}."
+        )
+    return alias
+
+
+def shards(results: list[Any]) -> str:
+    return f"{len(results)} shard{'' if len(results) == 1 else 's'}"
 
 
 def positive_int(value: str | int | None, option: str) -> int | None:
