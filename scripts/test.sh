@@ -33,7 +33,7 @@ echo "== tests on SQLite, $(versions "$PY")"
 env -u DATABASE_URL "$PY" -m pytest -m "$SQLITE_TESTS" "$@"
 PG_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency}
 # The topology passes at the end run their own markers, once each.
-PG_TESTS="not mariadb and not pgbouncer and not replica and not topology"
+PG_TESTS="not mariadb and not pgbouncer and not replica and not topology and not tenants"
 echo "== tests on PostgreSQL, $(versions "$PY")"
 DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -m "$PG_TESTS" "$@"
 if [ -z "$(bash scripts/newest-python.sh)" ]; then
@@ -66,6 +66,12 @@ echo "== tests against a streaming replica (a private primary and a hot standby 
 bash scripts/replica.sh test "$@"
 echo "== several servers and workers on one database: 3 gunicorn instances (one killed), 2 Celery workers and beat"
 DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/test_topology.py "$@"
+echo "== tenants (issue 26): a database per tenant behind a router; a schema per tenant (django-tenants)"
+# Settings of their own (--ds): several databases behind a router; django-tenants' backend.
+TENANTS_RUN=(env DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 TEST_DATABASE_NAME=test_idempotency_tenants
+  "$PY" -m pytest -q -p no:cacheprovider -m tenants)
+"${TENANTS_RUN[@]}" --ds=tests.deployment.shards_settings tests/deployment/test_database_per_tenant.py "$@"
+"${TENANTS_RUN[@]}" --ds=tests.deployment.tenants_settings tests/deployment/test_schema_per_tenant.py "$@"
 
 bash scripts/ninja-releases.sh "$@"
 PG_TESTS=$PG_TESTS bash scripts/package-check.sh "$@"
