@@ -60,6 +60,8 @@ DEFAULTS: dict[str, Any] = {
     "OPERATION_RETENTION": {},
     "REPLAY_CACHE": None,
     "READ_FIRST": "auto",
+    "SHARDS": None,
+    "WRITE_GUARD": None,
 }
 
 # Headers that carry a session or a credential: never stored, never replayed,
@@ -175,6 +177,8 @@ class Settings:
     OPERATION_RETENTION: _Setting[dict[str, dict[str, float]]] = _Setting(dict)
     REPLAY_CACHE = _Setting(_optional_str)
     READ_FIRST = _Setting(str)
+    SHARDS = _Setting(lambda value: None if value is None else tuple(value))
+    WRITE_GUARD = _Setting(_optional_bool)
 
 
 def load_callable(value: Any, setting: str) -> Callable[..., Any]:

@@ -38,6 +38,7 @@ from idempotency.operation import (
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.read_first import ReplayShare, read_first, replay_share
 from idempotency.settings_checks import validate_settings
+from idempotency.write_guard import writes_only_to
 
 logger = logging.getLogger("idempotency")
 
@@ -120,7 +121,11 @@ def _close_broken_connections() -> None:
 
 def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
     def run() -> tuple[bool, T | IdempotencyRecord | None]:
-        with transaction.atomic(using=operation.database), operation.store.statements():
+        with (
+            transaction.atomic(using=operation.database),
+            operation.store.statements(),
+            writes_only_to(operation.database),
+        ):
             attempt, existing = claim(operation)
             if attempt is None:
                 return False, existing

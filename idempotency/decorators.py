@@ -42,6 +42,7 @@ def idempotent(
     resolver: ResolverSpec | None = None,
     wait_seconds: float | None = None,
     in_flight: InFlight | None = None,
+    using: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -65,6 +66,7 @@ def idempotent(
     resolver: ResolverSpec | None = None,
     wait_seconds: float | None = None,
     in_flight: InFlight | None = None,
+    using: str | None = None,
 ) -> F | Callable[[F], F]:
     """Make a view safe to retry; ``@idempotent`` alone uses the settings.
 
@@ -88,6 +90,7 @@ def idempotent(
         resolver=resolver,
         wait_seconds=wait_seconds,
         in_flight=in_flight,
+        using=using,
     )
 
     def decorator(view: F) -> F:

@@ -62,6 +62,7 @@ class IdempotentMixin:
     idempotency_lock_timeout: float | None = None
     idempotency_wait_seconds: float | None = None
     idempotency_in_flight: InFlight | None = None
+    idempotency_using: str | None = None
     # A callable or dotted path (see idempotency.resolvers); set on the class.
     idempotency_resolver: ResolverSpec | None = None
     # Operation names ``idempotency_resolver`` is registered under for recovery.
@@ -116,6 +117,7 @@ class IdempotentMixin:
             resolver=type(self).idempotency_resolver,
             wait_seconds=self.idempotency_wait_seconds,
             in_flight=self.idempotency_in_flight,
+            using=self.idempotency_using,
         )
 
     def run_idempotently(

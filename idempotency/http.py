@@ -57,6 +57,7 @@ from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import ResolverSpec
 from idempotency.settings_checks import validate_settings
+from idempotency.shards import request_tenant
 
 V = TypeVar("V", bound=Callable[..., Any])
 
@@ -112,6 +113,9 @@ class IdempotencyOptions:
     resolver: ResolverSpec | None = None
     wait_seconds: float | None = None
     in_flight: InFlight | None = None
+    # The database of the view's writes, where its records go in atomic mode; None
+    # asks DATABASE, then the router (idempotency.stores.records_database).
+    using: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -277,6 +281,7 @@ def build_operation(
         resolver=options.resolver,
         wait_seconds=options.wait_seconds,
         in_flight=options.in_flight,
+        using=options.using,
     )
 
 
@@ -308,10 +313,18 @@ def decorate(view: Any, decorator: Callable[[V], V]) -> V | Callable[[V], V]:
 
 
 def default_scope(request: AnyRequest, operation: str) -> str:
-    """``user:<pk>:<operation>``; anonymous callers have no scope and are refused."""
+    """``user:<pk>:<operation>``; anonymous callers have no scope and are refused.
+
+    Where the request has a tenant (django-tenants' ``request.tenant``, other
+    than the public schema), ``tenant:<schema>:user:<pk>:<operation>``: one
+    user working in two tenants has two scopes.
+    """
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         raise ScopeUnavailable()
+    tenant = request_tenant(request)
+    if tenant is not None:
+        return f"tenant:{tenant}:user:{user.pk}:{operation}"
     return f"user:{user.pk}:{operation}"
 
 

@@ -72,6 +72,7 @@ def idempotent(
     lock_timeout: float | None = None,
     wait_seconds: float | None = None,
     in_flight: InFlight | None = None,
+    using: str | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> Callable[[F], F]: ...
@@ -94,6 +95,7 @@ def idempotent(
     lock_timeout: float | None = None,
     wait_seconds: float | None = None,
     in_flight: InFlight | None = None,
+    using: str | None = None,
     outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
     resolver: ResolverSpec | None = None,
 ) -> F | Callable[[F], F]:
@@ -115,6 +117,7 @@ def idempotent(
         lock_timeout=lock_timeout,
         wait_seconds=wait_seconds,
         in_flight=in_flight,
+        using=using,
         outcome_policy=outcome_policy,
         resolver=resolver,
     )

@@ -56,7 +56,7 @@ class Operation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
-        object.__setattr__(self, "database", records_database(self.using))
+        object.__setattr__(self, "database", records_database(self.using, scope=self.scope))
 
     @cached_property
     def store(self) -> Store:

@@ -72,18 +72,21 @@ def resolve_record(record: IdempotencyRecord) -> str:
     return outcome
 
 
-def recover_expired(batch_size: int | None = None, dry_run: bool = False) -> RecoveryReport:
+def recover_expired(
+    batch_size: int | None = None, dry_run: bool = False, database: str | None = None
+) -> RecoveryReport:
     """One recovery pass over every record whose lease has expired, in bounded batches.
 
     Each batch is one short transaction that locks its rows with
     ``SKIP LOCKED``: several workers can run this at once and never handle the
     same record. With ``dry_run`` the resolvers are asked (they only read) but
-    nothing is written.
+    nothing is written. ``database``: that alias (``idempotency.shards.recover_everywhere``
+    visits every one that holds records).
     """
     size = batch_size or idempotency_settings.RECOVERY_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
-    database = records_database()
+    database = records_database(database)
     report = RecoveryReport(dry_run=dry_run)
     after: IdempotencyRecord | None = None
     while True:

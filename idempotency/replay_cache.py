@@ -7,7 +7,9 @@ already holds for good:
   only once their transaction has committed (``PROCESSING`` and
   ``FAILED_RETRYABLE`` are never cached);
 - an entry lives no longer than its record's retention window;
-- the cache key is a digest of the database alias, the scope and the key, and
+- the cache key is a digest of the records' namespace (the database alias, and
+  the schema its connection is switched to under django-tenants: never shared
+  between tenants, whatever the scope says), the scope and the key, and
   the entry repeats the scope, the key and the request hash: a lookup answers
   only the same caller's same request, anything else (another scope, a
   different body: 422) goes to the database as without the cache;
@@ -35,6 +37,7 @@ from django.db import transaction
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import REPLAYABLE, IdempotencyRecord
+from idempotency.shards import namespace
 from idempotency.stores import records_database
 
 if TYPE_CHECKING:
@@ -65,7 +68,7 @@ _TOMBSTONE = {"forgotten": True}
 
 
 def cache_key(database: str, scope: str, key: str) -> str:
-    digest = hashlib.sha256("\0".join((database, scope, key)).encode()).hexdigest()
+    digest = hashlib.sha256("\0".join((namespace(database), scope, key)).encode()).hexdigest()
     return PREFIX + digest
 
 

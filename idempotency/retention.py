@@ -38,6 +38,7 @@ def purge(
     scope: str | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
+    database: str | None = None,
 ) -> int:
     """Delete expired records; returns how many (with ``dry_run``, how many would go).
 
@@ -46,6 +47,8 @@ def purge(
     - ``statuses``: only these (``SUCCEEDED``, ``FAILED_FINAL``, ``FAILED_RETRYABLE``).
     - ``scope``: only this scope; a trailing ``*`` matches a prefix (``user:42:*``).
     - ``progress(done, total)`` is called after each batch.
+    - ``database``: that alias (``idempotency.shards.purge_everywhere`` visits
+      every one that holds records).
 
     Each batch of ``batch_size`` (``PURGE_BATCH_SIZE``) rows is its own short
     transaction; rows locked by a running request are skipped.
@@ -53,7 +56,7 @@ def purge(
     size = batch_size or idempotency_settings.PURGE_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
-    database = records_database()
+    database = records_database(database)
     candidates = purgeable(database, older_than=older_than, statuses=statuses, scope=scope)
     total = candidates.count() if dry_run or progress else 0
     deleted = total if dry_run else _delete_in_batches(database, candidates, size, total, progress)

@@ -247,6 +247,40 @@ def _transaction_pooling(user: dict[str, Any]) -> list[CheckMessage]:
     )
 
 
+def _shards(user: dict[str, Any]) -> list[CheckMessage]:
+    """``SHARDS`` is ``None`` or a list of aliases of ``DATABASES``."""
+    value = user.get("SHARDS")
+    if value is None:
+        return []
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(alias, str) and alias in settings.DATABASES for alias in value)
+    ):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['SHARDS'] should be None or a non-empty list of aliases of DATABASES, "
+            f"not {value!r}.",
+            hint="List every database that holds records: recovery and purge visit each.",
+            id="idempotency.E035",
+        )
+    ]
+
+
+def _write_guard(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("WRITE_GUARD")
+    if value is None or isinstance(value, bool):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['WRITE_GUARD'] should be True, False or None, not {value!r}.",
+            hint="None (the default) refuses cross-database writes under DEBUG and in tests.",
+            id="idempotency.E036",
+        )
+    ]
+
+
 CHECKS: list[Check] = [
     _unknown_keys,
     _header,
@@ -278,6 +312,8 @@ CHECKS: list[Check] = [
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
     _transaction_pooling,
     _choice("READ_FIRST", ("auto", "always", "never"), "idempotency.E034"),
+    _shards,
+    _write_guard,
 ]
 
 

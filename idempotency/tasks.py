@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from idempotency.recovery import recover_expired
-from idempotency.retention import purge
+from idempotency.fanout import purge_everywhere, recover_everywhere, total
 
 
 @shared_task(name="idempotency.recover_expired_leases")
-def recover_expired_leases(batch_size: int | None = None) -> dict[str, int | bool]:
-    """Settle records whose lease expired; several workers may run this at once."""
-    return recover_expired(batch_size=batch_size).as_dict()
+def recover_expired_leases(
+    batch_size: int | None = None, database: str | None = None
+) -> dict[str, int | bool]:
+    """Settle records whose lease expired, in every shard; several workers may run this at once."""
+    reports = recover_everywhere(database=database, batch_size=batch_size)
+    return total(report for _, report in reports).as_dict()
 
 
 @shared_task(name="idempotency.purge_expired_records")
-def purge_expired_records(batch_size: int | None = None) -> int:
-    """Delete records whose retention window has passed; returns how many."""
-    return purge(batch_size=batch_size)
+def purge_expired_records(batch_size: int | None = None, database: str | None = None) -> int:
+    """Delete records whose retention window has passed, in every shard; returns how many."""
+    return sum(count for _, count in purge_everywhere(database=database, batch_size=batch_size))

@@ -17,6 +17,9 @@
 # pgbouncer          PG_DATABASE_URL through PgBouncer    pytest -m "not session and not mariadb" $PGBOUNCER_TESTS
 # replica            a private primary and hot standby    pytest -m replica tests/deployment/test_replica.py
 # topology           PG_DATABASE_URL                      pytest -q -m topology tests/deployment/test_topology.py
+# tenants            PG_DATABASE_URL, settings of its own pytest -m tenants: a database per tenant
+#                                                         (tests.deployment.shards_settings), a schema
+#                                                         per tenant (tests.deployment.tenants_settings)
 # ninja              SQLite                               pytest tests/unit/test_ninja.py
 # ninja-releases     SQLite                               the ninja pass on each admitted django-ninja release
 # package            SQLite, then PostgreSQL              build, check, install the wheel; sqlite and
@@ -33,14 +36,14 @@ PG_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency}
 MARIADB_URL=${MARIADB_DATABASE_URL:-mysql://root@127.0.0.1:3306/idempotency}
 # The deployment passes run their own markers, once each; the main PostgreSQL passes leave
 # them out.
-PG_TESTS="not mariadb and not pgbouncer and not replica and not topology"
+PG_TESTS="not mariadb and not pgbouncer and not replica and not topology and not tenants"
 # What a transaction pooler could break: concurrency, transactions, HTTP, Celery.
 PGBOUNCER_TESTS="tests/deployment/test_pgbouncer.py tests/protocol/test_concurrency.py
   tests/protocol/test_lease.py tests/protocol/test_waiting.py tests/unit/test_stores_postgres.py
   tests/example/test_http.py tests/example/test_ninja_http.py tests/protocol/test_async.py
   tests/protocol/test_celery.py"
 CI="lint mypy docs sqlite postgres postgres-prepared mariadb pgbouncer replica topology
-  ninja-releases package"
+  tenants ninja-releases package"
 
 versions() {
   "$PY" -c 'import sys, django; print(f"Django {django.get_version()}, Python {sys.version.split()[0]}")'
@@ -94,6 +97,14 @@ run_pass() {
     topology)
       echo "== several servers and workers on one database: 3 gunicorn instances (one killed), 2 Celery workers and beat"
       DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/deployment/test_topology.py "$@"
+      ;;
+    tenants)
+      echo "== tenants: a database per tenant behind a router; a schema per tenant (django-tenants)"
+      local run=(env DATABASE_URL="$PG_URL" REQUIRE_POSTGRES=1
+        TEST_DATABASE_NAME="${TEST_DATABASE_NAME:-test_idempotency}_tenants"
+        "$PY" -m pytest -q -p no:cacheprovider -m tenants)
+      "${run[@]}" --ds=tests.deployment.shards_settings tests/deployment/test_database_per_tenant.py "$@"
+      "${run[@]}" --ds=tests.deployment.tenants_settings tests/deployment/test_schema_per_tenant.py "$@"
       ;;
     ninja)
       echo "== ninja adapter on django-ninja $("$PY" -c 'import ninja; print(ninja.__version__)'), SQLite"

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import re
 from argparse import ArgumentParser
+from collections.abc import Sized
 from datetime import timedelta
 
 from django.core.management.base import CommandError
+from django.db import connections
 
 from idempotency.models import PURGEABLE
 
@@ -65,3 +67,25 @@ def statuses(values: list[str] | None) -> list[str] | None:
             "(PROCESSING and NEEDS_REVIEW records are never purged)."
         )
     return chosen
+
+
+def add_database_argument(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--database",
+        metavar="ALIAS",
+        help="Only this database (default: every database that holds records: "
+        "IDEMPOTENCY['SHARDS'], else the routers' allow_migrate; each tenant schema under "
+        "django-tenants).",
+    )
+
+
+def chosen_database(alias: str | None) -> str | None:
+    if alias is not None and alias not in connections:
+        raise CommandError(
+            f"--database should be an alias of DATABASES ({', '.join(connections)}), not {alias!r}."
+        )
+    return alias
+
+
+def shards(results: Sized) -> str:
+    return f"{len(results)} shard{'' if len(results) == 1 else 's'}"

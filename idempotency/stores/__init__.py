@@ -36,21 +36,28 @@ VENDOR_STORES = {
 }
 
 
-def records_database(using: str | None = None, *, record: IdempotencyRecord | None = None) -> str:
+def records_database(
+    using: str | None = None, *, record: IdempotencyRecord | None = None, scope: str | None = None
+) -> str:
     """The alias holding the records: ``using``, else ``DATABASE``, else the router's choice.
 
     Always the alias writes go to (``router.db_for_write``), never the one a
     router sends reads to: every read of the protocol decides something (claim,
     replay, wait, recovery, purge, an operator's action), and a replica that
     lags would answer with a state the primary has already left. With
-    ``record`` and no router, the database ``record`` was read from.
+    ``record`` and no router, the database ``record`` was read from. The router
+    is asked on every request, so one that picks a tenant's database (from a
+    context variable its middleware set) puts the record beside the tenant's
+    writes; it gets the request's ``scope`` as a hint too, for routers that
+    shard by it.
     """
-    return (
-        using
-        or idempotency_settings.DATABASE
-        or router.db_for_write(IdempotencyRecord, instance=record)
-        or DEFAULT_DB_ALIAS
-    )
+    chosen = using or idempotency_settings.DATABASE
+    if chosen:
+        return chosen
+    hints: dict[str, object] = {"instance": record}
+    if scope is not None:
+        hints["scope"] = scope
+    return router.db_for_write(IdempotencyRecord, **hints) or DEFAULT_DB_ALIAS
 
 
 @cache

@@ -25,6 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.shards import schema
 from idempotency.stores.base import Candidate, Contention, record_from_row, transaction_pooled
 from idempotency.stores.generic import GenericStore
 from idempotency.waiting import pauses
@@ -172,7 +173,7 @@ class PostgresStore(GenericStore):
         if not _hears_notifications(raw):
             super().wait_for_outcome(scope, key, seconds)
             return
-        name = channel(scope, key)
+        name = channel(scope, key, schema(self.alias))
         deadline = time.monotonic() + seconds
         with connection.cursor() as cursor:
             cursor.execute(f'LISTEN "{name}"')
@@ -190,7 +191,7 @@ class PostgresStore(GenericStore):
 
     def notify_waiters(self, scope: str, key: str) -> None:
         with self.connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [channel(scope, key)])
+            cursor.execute("SELECT pg_notify(%s, '')", [channel(scope, key, schema(self.alias))])
 
     def _unlisten(self, name: str) -> None:
         try:
@@ -204,7 +205,8 @@ class PostgresStore(GenericStore):
 
         No list of ids goes back and forth.
         """
-        query, params = batch.values("pk").query.sql_with_params()
+        # Compiled for this alias: sql_with_params() would compile for the default one.
+        query, params = batch.values("pk").query.get_compiler(self.alias).as_sql()
         column = self._quote(_field(ordering).column)
         with self.connection.cursor() as cursor:
             cursor.execute(
@@ -431,13 +433,16 @@ def _milliseconds(seconds: float) -> str:
     return f"{max(1, int(seconds * 1000))}ms"
 
 
-def channel(scope: str, key: str) -> str:
+def channel(scope: str, key: str, schema: str | None = None) -> str:
     """The notification channel of one key: a digest of its scope and key, never the key itself.
 
     Anyone allowed to connect may ``LISTEN`` and see channel names; keys may be
-    sensitive (an order number, a provider's reference).
+    sensitive (an order number, a provider's reference). Channels are per
+    database; a schema per tenant (django-tenants) shares one, so the schema
+    of the records' connection is part of the digest there.
     """
-    digest = hashlib.sha256(f"{scope}\n{key}".encode()).hexdigest()
+    named = f"{scope}\n{key}" if schema is None else f"{schema}\n{scope}\n{key}"
+    digest = hashlib.sha256(named.encode()).hexdigest()
     return f"idempotency_{digest[:48]}"  # an identifier: at most 63 characters
 
 

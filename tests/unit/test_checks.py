@@ -70,6 +70,10 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E033", {"TRANSACTION_POOLING": "transaction"}),
     ("idempotency.E034", {"READ_FIRST": True}),
     ("idempotency.E034", {"READ_FIRST": "sometimes"}),
+    ("idempotency.E035", {"SHARDS": "default"}),
+    ("idempotency.E035", {"SHARDS": ["default", "no-such-alias"]}),
+    ("idempotency.E035", {"SHARDS": []}),
+    ("idempotency.E036", {"WRITE_GUARD": "on"}),
 ]
 
 

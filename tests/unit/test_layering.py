@@ -89,6 +89,7 @@ LAYERS: list[set[str]] = [
         "idempotency.resolvers",
         "idempotency.options",
         "idempotency.compat",
+        "idempotency.write_guard",
     },
     {
         "idempotency.stores",
@@ -103,6 +104,8 @@ LAYERS: list[set[str]] = [
         "idempotency.resolution",
         "idempotency.logs",
         "idempotency.tracing",
+        "idempotency.shards",
+        "idempotency.fanout",
     },
     {
         "idempotency.operation",

@@ -7,8 +7,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from idempotency.management._common import add_dry_run_and_batch_size, positive_int, records
-from idempotency.recovery import RecoveryReport, recover_expired
+from idempotency.fanout import recover_everywhere, total
+from idempotency.management._common import (
+    add_database_argument,
+    add_dry_run_and_batch_size,
+    chosen_database,
+    positive_int,
+    records,
+    shards,
+)
+from idempotency.recovery import RecoveryReport
 
 
 class Command(BaseCommand):
@@ -24,14 +32,26 @@ class Command(BaseCommand):
             batch="Records per transaction",
             setting="RECOVERY_BATCH_SIZE",
         )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         batch_size = positive_int(options["batch_size"], "--batch-size")
+        dry_run = bool(options["dry_run"])
         try:
-            report = recover_expired(batch_size=batch_size, dry_run=bool(options["dry_run"]))
+            reports = recover_everywhere(
+                database=chosen_database(options["database"]),
+                batch_size=batch_size,
+                dry_run=dry_run,
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(self.style.SUCCESS(summary(report)))
+        if len(reports) == 1:
+            self.stdout.write(self.style.SUCCESS(summary(reports[0][1])))
+            return
+        for shard, report in reports:
+            self.stdout.write(f"{shard.label}: {summary(report)}")
+        everything = summary(total((report for _, report in reports), dry_run))
+        self.stdout.write(self.style.SUCCESS(f"{everything[:-1]} in {shards(reports)}."))
 
 
 def summary(report: RecoveryReport) -> str:

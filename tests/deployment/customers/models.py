@@ -1,0 +1,13 @@
+"""django-tenants' tenant and domain models (the public schema's)."""
+
+from django.db import models
+from django_tenants.models import DomainMixin, TenantMixin
+
+
+class Customer(TenantMixin):
+    name = models.CharField(max_length=100)
+    auto_create_schema = True
+
+
+class Domain(DomainMixin):
+    pass
