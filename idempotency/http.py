@@ -29,21 +29,12 @@ from django.http.response import HttpResponseBase
 
 from idempotency import tracing
 from idempotency.checks import validate_settings
-from idempotency.conf import (
-    FORBIDDEN_REPLAY_HEADERS,
-    idempotency_settings,
-    is_header_name,
-    load_callable,
-)
+from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
 from idempotency.core import (
-    MODES,
     Attempt,
-    InFlight,
-    Mode,
     Operation,
     Outcome,
     StoredResponse,
-    check_in_flight,
     database_unavailable,
     execute,
 )
@@ -56,7 +47,7 @@ from idempotency.exceptions import (
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import checked_key, parse_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.resolvers import ResolverSpec
+from idempotency.options import IdempotencyOptions
 
 V = TypeVar("V", bound=Callable[..., Any])
 
@@ -91,39 +82,6 @@ _ERROR_STATUS = {
     "idempotency_key_reused": 422,
     "database_unavailable": 503,
 }
-
-
-@dataclass(frozen=True)
-class IdempotencyOptions:
-    """Per-view options; ``None`` means "use the ``IDEMPOTENCY`` setting"."""
-
-    operation: str | None = None
-    header: str | None = None
-    required: bool | None = None
-    key: Callable[..., str | None] | str | None = None
-    scope: Callable[..., str] | str | None = None
-    fingerprint: Callable[..., str | bytes] | str | None = None
-    fields: Collection[str] | None = None
-    exclude: Collection[str] = ()
-    mode: Mode | None = None
-    lease_seconds: float | None = None
-    lock_timeout: float | None = None
-    outcome_policy: Callable[[HttpResponseBase], Status | None] | str | None = None
-    resolver: ResolverSpec | None = None
-    wait_seconds: float | None = None
-    in_flight: InFlight | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
-        if self.header is not None and not is_header_name(self.header):
-            raise ValueError(
-                f"header should be an HTTP header name such as 'Idempotency-Key', not "
-                f"{self.header!r}: a token of letters, digits and !#$%&'*+-.^_`|~ (RFC 9110)."
-            )
-        if self.wait_seconds is not None and not self.wait_seconds >= 0:
-            raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
-        check_in_flight(self.in_flight, self.wait_seconds)
 
 
 def protect(
