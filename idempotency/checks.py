@@ -14,6 +14,7 @@ from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from idempotency.compat import non_atomic_aliases
 from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, is_header_name, load_callable
 from idempotency.models import PURGEABLE, IdempotencyRecord
 from idempotency.stores import store_for
@@ -309,7 +310,7 @@ def _lease_views_under_atomic_requests(user: dict[str, Any]) -> list[CheckMessag
     except Exception:
         return []  # Django's own URL checks report a URLconf that does not import
     for route, callback in _url_callbacks(patterns, ""):
-        if alias in getattr(callback, "_non_atomic_requests", set()):
+        if alias in non_atomic_aliases(callback):
             continue
         for name in _lease_handlers(callback):
             messages.append(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
+from idempotency.compat import on_ninja_operation
 from idempotency.http import AnyRequest, aprotect, decorate, protect
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
@@ -112,7 +113,7 @@ def _refuse_ninja_operation(wrapper: Any) -> None:
     def refuse(operation: Any) -> None:
         raise ImproperlyConfigured(f"{_NINJA} ({wrapper.__qualname__}).")
 
-    wrapper._ninja_contribute_to_operation = [refuse]
+    on_ninja_operation(wrapper, refuse)
 
 
 def _find_request(args: tuple[Any, ...], view: Callable[..., Any]) -> AnyRequest:

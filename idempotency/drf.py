@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from idempotency.compat import mark_logged
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError
 from idempotency.http import (
@@ -244,7 +245,7 @@ def _outage_answer(request: Any, exc: Exception) -> HttpResponseBase | None:
         view = (getattr(request, "parser_context", None) or {}).get("view")
         response = handler(error, {"request": request, "view": view, "args": (), "kwargs": {}})
         if response is not None:
-            response._has_been_logged = True  # type: ignore[attr-defined]
+            mark_logged(response)
         return response
 
 

@@ -29,6 +29,7 @@ from django.http.response import HttpResponseBase
 
 from idempotency import tracing
 from idempotency.checks import validate_settings
+from idempotency.compat import mark_logged, non_atomic_aliases, query_parsed
 from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
 from idempotency.core import (
     Attempt,
@@ -283,7 +284,7 @@ def default_fingerprint(
     django_request = _django_request(request)
     # Most unsafe requests have no query string: "[]" without parsing one (unless the
     # request's GET was already made, or set by hand, when it is read as it is).
-    has_query = "GET" in vars(django_request) or django_request.META.get("QUERY_STRING")
+    has_query = query_parsed(django_request) or django_request.META.get("QUERY_STRING")
     query = sorted(django_request.GET.lists()) if has_query else []
     return fingerprint(
         [
@@ -332,7 +333,7 @@ def json_body(request: AnyRequest) -> Any:
     nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
     """
     django_request = _django_request(request)
-    cached = vars(django_request).get("_idempotency_json", _UNPARSED)  # no AttributeError
+    cached = getattr(django_request, "_idempotency_json", _UNPARSED)
     if cached is not _UNPARSED:
         return cached
     content_type = django_request.content_type or ""
@@ -395,8 +396,7 @@ def refuse_request_transaction(request: AnyRequest, operation: Operation) -> Non
     if not (connection.settings_dict.get("ATOMIC_REQUESTS") and connection.in_atomic_block):
         return
     match = getattr(_django_request(request), "resolver_match", None)
-    non_atomic: set[str] = getattr(getattr(match, "func", None), "_non_atomic_requests", set())
-    if operation.database in non_atomic:
+    if operation.database in non_atomic_aliases(getattr(match, "func", None)):
         return  # the transaction is the caller's own, not the request's
     raise ImproperlyConfigured(
         f"{operation.name} runs in lease mode, but ATOMIC_REQUESTS wraps it in a transaction "
@@ -475,8 +475,7 @@ def outage_response(request: AnyRequest, error: Exception) -> HttpResponseBase:
         if connection.in_atomic_block:
             transaction.set_rollback(True, using=connection.alias)
     response = error_response(request, unavailable)
-    # Django's ``django.request`` logger would log this 5xx a second time.
-    response._has_been_logged = True  # type: ignore[attr-defined]
+    mark_logged(response)  # Django's ``django.request`` logger would log this 5xx again
     return response
 
 

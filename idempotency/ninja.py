@@ -24,10 +24,10 @@ from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
 from ninja.decorators import decorate_view
 from ninja.operation import AsyncOperation, Operation
-from ninja.utils import contribute_operation_callback
 from pydantic import BaseModel
 
 from idempotency import openapi
+from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, RequestInvalid
 from idempotency.http import (
@@ -86,7 +86,7 @@ def idempotent(view: F | None = None, /, **options: Unpack[OptionArgs]) -> F | C
         _keep_signature(wrapper, view)
         wrapper.idempotency_options = given
         name = given.operation or default_operation
-        contribute_operation_callback(wrapper, partial(_describe, options=given, name=name))
+        on_ninja_operation(wrapper, partial(_describe, options=given, name=name))
         decorate_view(_serving)(wrapper)
         return wrapper  # type: ignore[return-value]
 
@@ -136,7 +136,7 @@ def _sync_wrapper(
             try:
                 result = view(request, *args, **kwargs)
                 _note_resource(request, result)
-                return operation._result_to_response(request, result, temporal)
+                return ninja_response(operation, request, result, temporal)
             except Exception as exc:
                 return _client_error(operation, request, exc)
 
@@ -157,7 +157,7 @@ def _async_wrapper(
             try:
                 result = await view(request, *args, **kwargs)
                 _note_resource(request, result)
-                return operation._result_to_response(request, result, temporal)
+                return ninja_response(operation, request, result, temporal)
             except Exception as exc:
                 return _client_error(operation, request, exc)
 
