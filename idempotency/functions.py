@@ -19,7 +19,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from idempotency import tracing
 from idempotency.checks import validate_settings
 from idempotency.conf import idempotency_settings
-from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
@@ -124,18 +124,8 @@ class CallGuard:
         key: Callable[..., Any] = options.key  # type: ignore[assignment]  # checked callable
         call_key = checked_key(_call(key, bound, args, kwargs), key, self.name)
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
-        call = Operation(
-            scope=self._scope(bound, args, kwargs),
-            key=call_key,
-            request_hash=self.request_hash(args, kwargs),
-            name=self.name,
-            mode=options.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-            lease_seconds=options.lease_seconds,
-            lock_timeout=options.lock_timeout,
-            resolver=options.resolver,
-            wait_seconds=options.wait_seconds,
-            in_flight=options.in_flight,
-        )
+        scope = self._scope(bound, args, kwargs)
+        call = options.call(scope, call_key, self.request_hash(args, kwargs), self.name)
         return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
 
     def _scope(

@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from idempotency.conf import is_header_name
-from idempotency.core import IN_FLIGHT, MODES, InFlight, Mode
+from idempotency.conf import idempotency_settings, is_header_name
+from idempotency.core import IN_FLIGHT, MODES, InFlight, Mode, Operation
 
 if TYPE_CHECKING:
     from django.http.response import HttpResponseBase
@@ -87,6 +87,22 @@ class IdempotencyOptions:
             raise ValueError(
                 "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
             )
+
+    def call(self, scope: str, key: str, request_hash: str, name: str, **where: str) -> Operation:
+        """The ``Operation`` of one call made with these options (``where``: method, path)."""
+        return Operation(
+            scope=scope,
+            key=key,
+            request_hash=request_hash,
+            name=name,
+            mode=self.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
+            lease_seconds=self.lease_seconds,
+            lock_timeout=self.lock_timeout,
+            resolver=self.resolver,
+            wait_seconds=self.wait_seconds,
+            in_flight=self.in_flight,
+            **where,
+        )
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in fields(IdempotencyOptions))

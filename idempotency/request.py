@@ -99,19 +99,13 @@ def build_operation(
 ) -> Operation:
     django_request = django_request_of(request)
     scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
-    return Operation(
-        scope=str(scope_function(request, name)),
-        key=key,
-        request_hash=request_hash(request, options),
-        name=name,
+    return options.call(
+        str(scope_function(request, name)),
+        key,
+        request_hash(request, options),
+        name,
         method=django_request.method or "",
         path=django_request.path,
-        mode=options.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-        lease_seconds=options.lease_seconds,
-        lock_timeout=options.lock_timeout,
-        resolver=options.resolver,
-        wait_seconds=options.wait_seconds,
-        in_flight=options.in_flight,
     )
 
 
