@@ -29,8 +29,9 @@ if TYPE_CHECKING:
         IdempotentMixin,
     )
     from idempotency.functions import idempotent_function
-    from idempotency.http import IdempotencyOptions, mark_final
+    from idempotency.http import mark_final
     from idempotency.models import IdempotencyRecord, Status
+    from idempotency.options import IdempotencyOptions
     from idempotency.outcomes import Outcome, StoredResponse
     from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
     from idempotency.resolution import ResolutionReport, mark_records, run_resolvers
@@ -53,7 +54,7 @@ _LAZY = {
     "IdempotentTask": "idempotency.celery",  # needs Celery: left out of __all__ (star imports)
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
-    "IdempotencyOptions": "idempotency.http",
+    "IdempotencyOptions": "idempotency.options",
     "mark_final": "idempotency.http",
     "IdempotencyRecord": "idempotency.models",
     "Status": "idempotency.models",

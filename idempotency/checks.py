@@ -18,6 +18,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from idempotency.compat import non_atomic_aliases
 from idempotency.conf import idempotency_settings
 from idempotency.settings_checks import settings_messages
 from idempotency.stores import records_database, store_for, transaction_pooled
@@ -88,7 +89,7 @@ def _lease_views_under_atomic_requests() -> list[CheckMessage]:
     except Exception:
         return []  # Django's own URL checks report a URLconf that does not import
     for route, callback in _url_callbacks(patterns, ""):
-        if alias in getattr(callback, "_non_atomic_requests", set()):
+        if alias in non_atomic_aliases(callback):
             continue
         for name in _lease_handlers(callback):
             messages.append(

@@ -12,12 +12,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
+
+# The choices of MODE and IN_FLIGHT, as settings and as per-call options alike.
+Mode = Literal["atomic", "lease"]
+MODES: tuple[Mode, ...] = ("atomic", "lease")
+# What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
+# row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
+# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
+InFlight = Literal["wait", "conflict"]
+IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
 
 DEFAULTS: dict[str, Any] = {
     "HEADER": "Idempotency-Key",

@@ -20,21 +20,12 @@ from django.db import connections, transaction
 
 from idempotency import replay_cache, signals, waiting
 from idempotency.claim import Claimed, claim, claim_committed
-from idempotency.conf import idempotency_settings
+from idempotency.conf import IN_FLIGHT, MODES, InFlight, Mode, idempotency_settings
 from idempotency.contention import CLAIM_RETRIES, InFlightHere, in_use, retried
 from idempotency.exceptions import OUTAGE_ERRORS, DatabaseUnavailable, IdempotencyError
 from idempotency.finish import finish, release
 from idempotency.models import REPLAYABLE, IdempotencyRecord
-from idempotency.operation import (
-    IN_FLIGHT,
-    MODES,
-    Attempt,
-    InFlight,
-    Mode,
-    Operation,
-    bounded_scope,
-    check_in_flight,
-)
+from idempotency.operation import Attempt, Operation, bounded_scope
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.read_first import ReplayShare, read_first, replay_share
 from idempotency.settings_checks import validate_settings
@@ -60,7 +51,6 @@ __all__ = [
     "ReplayShare",
     "StoredResponse",
     "bounded_scope",
-    "check_in_flight",
     "database_unavailable",
     "execute",
     "replay_share",

@@ -4,16 +4,22 @@ or a view method. Nothing here needs Django REST framework."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from idempotency.core import InFlight, Mode
-from idempotency.http import AnyRequest, IdempotencyOptions, aprotect, decorate, protect
-from idempotency.resolvers import ResolverSpec, register
+from idempotency.compat import on_ninja_operation
+from idempotency.http import AnyRequest, aprotect, decorate, protect
+from idempotency.options import IdempotencyOptions
+from idempotency.resolvers import register
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from idempotency.options import OptionArgs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,82 +29,24 @@ def idempotent(view: F, /) -> F: ...
 
 
 @overload
-def idempotent(
-    view: None = None,
-    /,
-    *,
-    operation: str | None = None,
-    header: str | None = None,
-    required: bool | None = None,
-    key: Callable[..., str | None] | str | None = None,
-    scope: Callable[..., str] | str | None = None,
-    fingerprint: Callable[..., str | bytes] | str | None = None,
-    fields: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    mode: Mode | None = None,
-    lease_seconds: float | None = None,
-    lock_timeout: float | None = None,
-    outcome_policy: Callable[..., Any] | str | None = None,
-    resolver: ResolverSpec | None = None,
-    wait_seconds: float | None = None,
-    in_flight: InFlight | None = None,
-    using: str | None = None,
-) -> Callable[[F], F]: ...
+def idempotent(view: None = None, /, **options: Unpack[OptionArgs]) -> Callable[[F], F]: ...
 
 
-def idempotent(
-    view: F | None = None,
-    /,
-    *,
-    operation: str | None = None,
-    header: str | None = None,
-    required: bool | None = None,
-    # ``...``: a DRF view's callables take a ``Request``, a plain view's an ``HttpRequest``.
-    key: Callable[..., str | None] | str | None = None,
-    scope: Callable[..., str] | str | None = None,
-    fingerprint: Callable[..., str | bytes] | str | None = None,
-    fields: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    mode: Mode | None = None,
-    lease_seconds: float | None = None,
-    lock_timeout: float | None = None,
-    outcome_policy: Callable[..., Any] | str | None = None,
-    resolver: ResolverSpec | None = None,
-    wait_seconds: float | None = None,
-    in_flight: InFlight | None = None,
-    using: str | None = None,
-) -> F | Callable[[F], F]:
+def idempotent(view: F | None = None, /, **options: Unpack[OptionArgs]) -> F | Callable[[F], F]:
     """Make a view safe to retry; ``@idempotent`` alone uses the settings.
 
     Put it *under* ``@api_view`` (and on the method of a class-based view or
     viewset action) so that authentication and permissions run first. An
     ``async def`` view stays async (see ``idempotency.http.aprotect``).
     """
-    options = IdempotencyOptions(
-        operation=operation,
-        header=header,
-        required=required,
-        key=key,
-        scope=scope,
-        fingerprint=fingerprint,
-        fields=fields,
-        exclude=exclude,
-        mode=mode,
-        lease_seconds=lease_seconds,
-        lock_timeout=lock_timeout,
-        outcome_policy=outcome_policy,
-        resolver=resolver,
-        wait_seconds=wait_seconds,
-        in_flight=in_flight,
-        using=using,
-    )
+    given = IdempotencyOptions(**options)  # the options: idempotency.options
 
     def decorator(view: F) -> F:
         refuse_wrong_target(view)
         default_operation = f"{view.__module__}.{view.__qualname__}"
-        if resolver is not None:
+        if given.resolver is not None:
             # So that recovery, in a worker that never serves this view, finds it.
-            register(options.operation or default_operation, resolver)
+            register(given.operation or default_operation, given.resolver)
 
         if inspect.iscoroutinefunction(view):
 
@@ -106,19 +54,19 @@ def idempotent(
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 request = _find_request(args, view)
                 return await aprotect(
-                    request, lambda: view(*args, **kwargs), options, default_operation
+                    request, lambda: view(*args, **kwargs), given, default_operation
                 )
 
-            async_wrapper.idempotency_options = options  # type: ignore[attr-defined]
+            async_wrapper.idempotency_options = given  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
 
         @wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             request = _find_request(args, view)
-            return protect(request, lambda: view(*args, **kwargs), options, default_operation)
+            return protect(request, lambda: view(*args, **kwargs), given, default_operation)
 
         # Read by the schema extensions (idempotency.contrib.spectacular).
-        wrapper.idempotency_options = options  # type: ignore[attr-defined]
+        wrapper.idempotency_options = given  # type: ignore[attr-defined]
         _refuse_ninja_operation(wrapper)
         return wrapper  # type: ignore[return-value]
 
@@ -165,7 +113,7 @@ def _refuse_ninja_operation(wrapper: Any) -> None:
     def refuse(operation: Any) -> None:
         raise ImproperlyConfigured(f"{_NINJA} ({wrapper.__qualname__}).")
 
-    wrapper._ninja_contribute_to_operation = [refuse]
+    on_ninja_operation(wrapper, refuse)
 
 
 def _find_request(args: tuple[Any, ...], view: Callable[..., Any]) -> AnyRequest:

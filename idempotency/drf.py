@@ -9,7 +9,8 @@ browsable API that can create on protected endpoints.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from django.http import HttpResponse
@@ -21,14 +22,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from idempotency.compat import mark_logged
 from idempotency.conf import idempotency_settings
-from idempotency.core import InFlight, Mode
 from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError
 from idempotency.http import (
     KEY_FORM_FIELD,
     SAFE_METHODS,
     FrameworkAdapter,
-    IdempotencyOptions,
     error_status,
     fields_hash,
     header_key,
@@ -38,7 +38,13 @@ from idempotency.http import (
     register_adapter,
 )
 from idempotency.models import Status
-from idempotency.resolvers import ResolverSpec, register
+from idempotency.options import (
+    APPLIES,
+    ATTRIBUTE_PREFIX,
+    IdempotencyOptions,
+    options_from_attributes,
+)
+from idempotency.resolvers import register
 
 
 def _operation_name(view: type, action: str) -> str:
@@ -52,72 +58,59 @@ def _operation_name(view: type, action: str) -> str:
 # Each ``get_idempotency_*`` hook can be overridden on a view; each class attribute
 # left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
 class IdempotentMixin:
-    idempotency_operation: str | None = None
-    idempotency_header: str | None = None
-    idempotency_required: bool | None = None
-    idempotency_fields: Collection[str] | None = None
-    idempotency_exclude: Collection[str] = ()
-    idempotency_mode: Mode | None = None
-    idempotency_lease_seconds: float | None = None
-    idempotency_lock_timeout: float | None = None
-    idempotency_wait_seconds: float | None = None
-    idempotency_in_flight: InFlight | None = None
-    idempotency_using: str | None = None
-    # A callable or dotted path (see idempotency.resolvers); set on the class.
-    idempotency_resolver: ResolverSpec | None = None
+    # The options (idempotency.options) that APPLIES gives the mixin, as class
+    # attributes ``idempotency_<option>``: set below, validated per subclass.
     # Operation names ``idempotency_resolver`` is registered under for recovery.
     idempotency_resolved_actions: tuple[str, ...] = ()
+    _idempotency_options: IdempotencyOptions = IdempotencyOptions()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        resolver = cls.idempotency_resolver
+        cls._idempotency_options = options_from_attributes("IdempotentMixin", cls)
+        resolver = cls._idempotency_options.resolver
         if resolver is None:
             return
         # Recovery runs where no request ever reached this view: register it by name now.
+        operation = cls._idempotency_options.operation
         names = (
-            [cls.idempotency_operation]
-            if cls.idempotency_operation
+            [operation]
+            if operation
             else [_operation_name(cls, action) for action in cls.idempotency_resolved_actions]
         )
         for name in names:
             register(name, resolver)
 
     def get_idempotency_key(self, request: Request) -> str | None:
-        return header_key(request, self.idempotency_header, self.idempotency_required)
+        options = self._idempotency_options
+        return header_key(request, options.header, options.required)
 
     def get_idempotency_scope(self, request: Request, operation: str) -> str:
         return str(idempotency_settings.SCOPE_FUNCTION(request, operation))
 
     def get_idempotency_fingerprint(self, request: Request) -> str:
-        return fields_hash(request, self.idempotency_fields, self.idempotency_exclude)
+        options = self._idempotency_options
+        return fields_hash(request, options.fields, options.exclude)
 
     def get_idempotency_outcome(self, response: HttpResponseBase) -> Status | None:
         policy: Callable[[HttpResponseBase], Status | None] = idempotency_settings.OUTCOME_POLICY
         return policy(response)
 
     def get_idempotency_operation(self) -> str:
-        if self.idempotency_operation:
-            return self.idempotency_operation
+        if self._idempotency_options.operation:
+            return self._idempotency_options.operation
         action = getattr(self, "action", None) or self.request.method.lower()  # type: ignore[attr-defined]
         return _operation_name(type(self), action)
 
     def get_idempotency_options(self) -> IdempotencyOptions:
-        return IdempotencyOptions(
+        return replace(
+            self._idempotency_options,
             operation=self.get_idempotency_operation(),
             # The options' required check is done by get_idempotency_key itself.
             required=False,
             key=self.get_idempotency_key,
             scope=self.get_idempotency_scope,
             fingerprint=self.get_idempotency_fingerprint,
-            mode=self.idempotency_mode,
-            lease_seconds=self.idempotency_lease_seconds,
-            lock_timeout=self.idempotency_lock_timeout,
             outcome_policy=self.get_idempotency_outcome,
-            # Read from the class: a function stored on it must not become a bound method.
-            resolver=type(self).idempotency_resolver,
-            wait_seconds=self.idempotency_wait_seconds,
-            in_flight=self.idempotency_in_flight,
-            using=self.idempotency_using,
         )
 
     def run_idempotently(
@@ -133,6 +126,11 @@ class IdempotentMixin:
         if response is None:
             response = super().handle_exception(exc)  # type: ignore[misc]
         return response
+
+
+for _name in APPLIES["IdempotentMixin"]:
+    # ``View.idempotency_mode`` and the like read the option's default, as before.
+    setattr(IdempotentMixin, ATTRIBUTE_PREFIX + _name, getattr(IdempotencyOptions(), _name))
 
 
 # Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
@@ -247,7 +245,7 @@ def _outage_answer(request: Any, exc: Exception) -> HttpResponseBase | None:
         view = (getattr(request, "parser_context", None) or {}).get("view")
         response = handler(error, {"request": request, "view": view, "args": (), "kwargs": {}})
         if response is not None:
-            response._has_been_logged = True  # type: ignore[attr-defined]
+            mark_logged(response)
         return response
 
 

@@ -9,56 +9,40 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import tracing
 from idempotency.conf import idempotency_settings
-from idempotency.core import (
-    MODES,
-    Attempt,
-    InFlight,
-    Mode,
-    Operation,
-    Outcome,
-    StoredResponse,
-    check_in_flight,
-    execute,
-)
+from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.resolvers import ResolverSpec, register
+from idempotency.options import IdempotencyOptions, refuse_unknown
+from idempotency.resolvers import register
 from idempotency.settings_checks import validate_settings
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from idempotency.options import OptionArgs
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-ArgsTo = Callable[..., str]
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def idempotent_function(
-    *,
-    scope: str | ArgsTo,
-    key: ArgsTo,
-    operation: str | None = None,
-    fingerprint: Callable[..., Any] | None = None,
-    fields: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    mode: Mode | None = None,
-    lease_seconds: float | None = None,
-    lock_timeout: float | None = None,
-    resolver: ResolverSpec | None = None,
-    in_flight: InFlight | None = None,
-) -> Callable[[F], F]:
+def idempotent_function(**options: Unpack[OptionArgs]) -> Callable[[F], F]:
     """Run the decorated function once per (scope, key); repeats return the first result.
 
-    ``key`` (and ``scope``, when callable) receive the function's arguments. The
+    Takes the options of ``idempotency.options`` that ``APPLIES`` gives it;
+    ``scope`` and ``key`` are required. ``key`` (and ``scope``, when callable)
+    receive the function's arguments. The
     fingerprint is the canonical form of the arguments, narrowed by ``fields`` or
     ``exclude`` (argument names; for a function of one argument, the top-level
     keys of the message it receives), or the canonical form of what
@@ -71,21 +55,14 @@ def idempotent_function(
     (``idempotency.resolvers``); a "done" answer's response body is the JSON result
     repeats get.
     """
+    refuse_unknown("idempotent_function", options)
+    given = IdempotencyOptions(**options)
 
     def decorator(func: F) -> F:
         guard = CallGuard(
-            name=operation or f"{func.__module__}.{func.__qualname__}",
-            scope=scope,
-            key=key,
+            name=given.operation or f"{func.__module__}.{func.__qualname__}",
             signature=inspect.signature(func),
-            fingerprint=fingerprint,
-            fields=fields,
-            exclude=exclude,
-            mode=mode,
-            lease_seconds=lease_seconds,
-            lock_timeout=lock_timeout,
-            resolver=resolver,
-            in_flight=in_flight,
+            options=given,
         )
 
         @wraps(func)
@@ -99,29 +76,31 @@ def idempotent_function(
 
 @dataclass(frozen=True)
 class CallGuard:
-    """One function's idempotency options, applied to each call of it."""
+    """One function's idempotency options, applied to each call of it.
+
+    ``options.key`` is a function of the call's arguments; ``options.scope`` is
+    one too, or the scope itself.
+    """
 
     name: str
-    scope: str | ArgsTo
-    key: ArgsTo
     signature: inspect.Signature
-    fingerprint: Callable[..., Any] | None = None
-    fields: Collection[str] | None = None
-    exclude: Collection[str] = ()
-    mode: Mode | None = None
-    lease_seconds: float | None = None
-    lock_timeout: float | None = None
-    resolver: ResolverSpec | None = None
-    in_flight: InFlight | None = None
+    options: IdempotencyOptions
 
     def __post_init__(self) -> None:
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"mode should be one of {MODES}, not {self.mode!r}.")
-        check_in_flight(self.in_flight, None)
-        if self.fingerprint is not None and (self.fields is not None or self.exclude):
+        options = self.options
+        if not callable(options.key):
+            raise TypeError(
+                f"{self.name}: give key=, a function of the arguments that returns the key."
+            )
+        if not (callable(options.scope) or (isinstance(options.scope, str) and options.scope)):
+            raise TypeError(
+                f"{self.name}: give scope=, the scope (a string) or a function of the "
+                "arguments that returns it."
+            )
+        if options.fingerprint is not None and (options.fields is not None or options.exclude):
             raise ValueError(f"{self.name}: give fingerprint, or fields/exclude, not both.")
         allowed = _argument_names(self.signature)
-        for kind, names in (("fields", self.fields or ()), ("exclude", self.exclude)):
+        for kind, names in (("fields", options.fields or ()), ("exclude", options.exclude)):
             if isinstance(names, str):
                 raise ValueError(f"{self.name}: {kind} should be a list of names, not a string.")
             unknown = sorted(set(names) - allowed) if allowed is not None else []
@@ -129,49 +108,50 @@ class CallGuard:
                 raise ValueError(
                     f"{self.name}: {kind} should name its arguments, not {', '.join(unknown)}."
                 )
-        if self.resolver is not None:
-            register(self.name, self.resolver)  # recovery finds it in any process that imports it
+        if options.resolver is not None:
+            register(self.name, options.resolver)  # recovery finds it in any process importing it
 
     def run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         """Run ``work`` (the call of the guarded function with these arguments) at most once."""
-        with tracing.span(self.name, self.mode or idempotency_settings.MODE):
+        with tracing.span(self.name, self.options.mode or idempotency_settings.MODE):
             return self._run(work, args, kwargs)
 
     def _run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         validate_settings()
+        options = self.options
         bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
         bound.apply_defaults()
-        call_key = checked_key(_call(self.key, bound, args, kwargs), self.key, self.name)
+        key: Callable[..., Any] = options.key  # type: ignore[assignment]  # checked callable
+        call_key = checked_key(_call(key, bound, args, kwargs), key, self.name)
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
-        scope = self.scope
-        if callable(scope):
-            scope = _call(scope, bound, args, kwargs)
-            if not (isinstance(scope, str) and scope):
-                raise ValueError(
-                    f"The scope function of {self.name} returned {scope!r}: it should return "
-                    "the scope as a non-empty string."
-                )
-        call = Operation(
-            scope=scope,
-            key=call_key,
-            request_hash=self.request_hash(args, kwargs),
-            name=self.name,
-            mode=self.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-            lease_seconds=self.lease_seconds,
-            lock_timeout=self.lock_timeout,
-            resolver=self.resolver,
-            in_flight=self.in_flight,
-        )
+        scope = self._scope(bound, args, kwargs)
+        call = options.call(scope, call_key, self.request_hash(args, kwargs), self.name)
         return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
 
+    def _scope(
+        self, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> str:
+        scope = self.options.scope
+        if not callable(scope):
+            return str(scope)
+        scope = _call(scope, bound, args, kwargs)
+        if not (isinstance(scope, str) and scope):
+            raise ValueError(
+                f"The scope function of {self.name} returned {scope!r}: it should return "
+                "the scope as a non-empty string."
+            )
+        return scope
+
     def request_hash(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        if self.fingerprint is not None:
+        options = self.options
+        if options.fingerprint is not None:
+            function: Callable[..., Any] = options.fingerprint  # type: ignore[assignment]
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            return fingerprint([canonical(_call(self.fingerprint, bound, args, kwargs))])
+            return fingerprint([canonical(_call(function, bound, args, kwargs))])
         # By name, whether passed positionally or as keywords: f(a, b) is f(x=a, y=b).
         arguments = _named_arguments(self.signature, args, kwargs)
-        return fingerprint([canonical(arguments, include=self.fields, exclude=self.exclude)])
+        return fingerprint([canonical(arguments, include=options.fields, exclude=options.exclude)])
 
 
 def _call(

@@ -10,11 +10,12 @@ ninja would send (the operation's response schema, its renderer) and records
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from contextvars import ContextVar
+from dataclasses import replace
 from functools import partial, wraps
-from typing import Any, ClassVar, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -23,16 +24,14 @@ from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
 from ninja.decorators import decorate_view
 from ninja.operation import AsyncOperation, Operation
-from ninja.utils import contribute_operation_callback
 from pydantic import BaseModel
 
 from idempotency import openapi
+from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
-from idempotency.core import InFlight, Mode
 from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, RequestInvalid
 from idempotency.http import (
     SAFE_METHODS,
-    IdempotencyOptions,
     aprotect,
     decorate,
     default_scope,
@@ -41,7 +40,13 @@ from idempotency.http import (
     outage_response,
     protect,
 )
-from idempotency.resolvers import ResolverSpec, register
+from idempotency.options import IdempotencyOptions
+from idempotency.resolvers import register
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from idempotency.options import OptionArgs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,72 +60,16 @@ def idempotent(view: F, /) -> F: ...
 
 
 @overload
-def idempotent(
-    view: None = None,
-    /,
-    *,
-    operation: str | None = None,
-    header: str | None = None,
-    required: bool | None = None,
-    key: Callable[[HttpRequest], str | None] | str | None = None,
-    scope: Callable[[HttpRequest, str], str] | str | None = None,
-    fingerprint: Callable[[HttpRequest], str | bytes] | str | None = None,
-    fields: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    mode: Mode | None = None,
-    lease_seconds: float | None = None,
-    lock_timeout: float | None = None,
-    wait_seconds: float | None = None,
-    in_flight: InFlight | None = None,
-    using: str | None = None,
-    outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
-    resolver: ResolverSpec | None = None,
-) -> Callable[[F], F]: ...
+def idempotent(view: None = None, /, **options: Unpack[OptionArgs]) -> Callable[[F], F]: ...
 
 
-def idempotent(
-    view: F | None = None,
-    /,
-    *,
-    operation: str | None = None,
-    header: str | None = None,
-    required: bool | None = None,
-    key: Callable[[HttpRequest], str | None] | str | None = None,
-    scope: Callable[[HttpRequest, str], str] | str | None = None,
-    fingerprint: Callable[[HttpRequest], str | bytes] | str | None = None,
-    fields: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    mode: Mode | None = None,
-    lease_seconds: float | None = None,
-    lock_timeout: float | None = None,
-    wait_seconds: float | None = None,
-    in_flight: InFlight | None = None,
-    using: str | None = None,
-    outcome_policy: Callable[[HttpResponseBase], Any] | str | None = None,
-    resolver: ResolverSpec | None = None,
-) -> F | Callable[[F], F]:
+def idempotent(view: F | None = None, /, **options: Unpack[OptionArgs]) -> F | Callable[[F], F]:
     """Make a ninja operation safe to retry; the options are those of ``idempotency.idempotent``.
 
     ``@idempotent`` alone uses the settings.
     """
-    options = IdempotencyOptions(
-        operation=operation,
-        header=header,
-        required=required,
-        key=key,
-        scope=scope or auth_scope,
-        fingerprint=fingerprint,
-        fields=fields,
-        exclude=exclude,
-        mode=mode,
-        lease_seconds=lease_seconds,
-        lock_timeout=lock_timeout,
-        wait_seconds=wait_seconds,
-        in_flight=in_flight,
-        using=using,
-        outcome_policy=outcome_policy,
-        resolver=resolver,
-    )
+    given = IdempotencyOptions(**options)  # the options: idempotency.options
+    given = replace(given, scope=given.scope or auth_scope)
 
     def decorator(view: F) -> F:
         if hasattr(view, "_ninja_operation"):
@@ -129,15 +78,15 @@ def idempotent(
                 "ninja has already registered the unprotected function."
             )
         default_operation = f"{view.__module__}.{view.__qualname__}"
-        if resolver is not None:
+        if given.resolver is not None:
             # So that recovery, in a worker that never serves this operation, finds it.
-            register(options.operation or default_operation, resolver)
+            register(given.operation or default_operation, given.resolver)
         wrap = _async_wrapper if inspect.iscoroutinefunction(view) else _sync_wrapper
-        wrapper: Any = wrap(view, options, default_operation)
+        wrapper: Any = wrap(view, given, default_operation)
         _keep_signature(wrapper, view)
-        wrapper.idempotency_options = options
-        name = options.operation or default_operation
-        contribute_operation_callback(wrapper, partial(_describe, options=options, name=name))
+        wrapper.idempotency_options = given
+        name = given.operation or default_operation
+        on_ninja_operation(wrapper, partial(_describe, options=given, name=name))
         decorate_view(_serving)(wrapper)
         return wrapper  # type: ignore[return-value]
 
@@ -187,7 +136,7 @@ def _sync_wrapper(
             try:
                 result = view(request, *args, **kwargs)
                 _note_resource(request, result)
-                return operation._result_to_response(request, result, temporal)
+                return ninja_response(operation, request, result, temporal)
             except Exception as exc:
                 return _client_error(operation, request, exc)
 
@@ -208,7 +157,7 @@ def _async_wrapper(
             try:
                 result = await view(request, *args, **kwargs)
                 _note_resource(request, result)
-                return operation._result_to_response(request, result, temporal)
+                return ninja_response(operation, request, result, temporal)
             except Exception as exc:
                 return _client_error(operation, request, exc)
 

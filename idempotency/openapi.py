@@ -15,8 +15,9 @@ from datetime import timedelta
 from typing import Any
 
 from idempotency.conf import idempotency_settings
-from idempotency.http import REPLAYED_HEADER, SAFE_METHODS, IdempotencyOptions
+from idempotency.http import REPLAYED_HEADER, SAFE_METHODS
 from idempotency.models import Status
+from idempotency.options import IdempotencyOptions
 from idempotency.retention import retention_for
 
 Schema = dict[str, Any]

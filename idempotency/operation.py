@@ -11,21 +11,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache, cached_property
-from typing import Literal
 
-from idempotency.conf import idempotency_settings
+from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord
 from idempotency.resolvers import ResolverSpec
 from idempotency.stores import Store, records_database, store_for
-
-Mode = Literal["atomic", "lease"]
-MODES: tuple[Mode, ...] = ("atomic", "lease")
-# What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
-# row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
-# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
-InFlight = Literal["wait", "conflict"]
-IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
 
 
 @dataclass(frozen=True)
@@ -74,16 +65,6 @@ class Operation:
         if self.wait_seconds is not None:
             return self.wait_seconds
         return idempotency_settings.WAIT_SECONDS
-
-
-def check_in_flight(in_flight: str | None, wait_seconds: float | None) -> None:
-    """Refuse an ``in_flight`` that is not one of ``IN_FLIGHT``, or that contradicts itself."""
-    if in_flight is not None and in_flight not in IN_FLIGHT:
-        raise ValueError(f"in_flight should be one of {IN_FLIGHT}, not {in_flight!r}.")
-    if in_flight == "conflict" and wait_seconds:
-        raise ValueError(
-            "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
-        )
 
 
 @cache

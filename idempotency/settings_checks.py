@@ -18,7 +18,14 @@ from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from idempotency.conf import DEFAULTS, FORBIDDEN_REPLAY_HEADERS, is_header_name, load_callable
+from idempotency.conf import (
+    DEFAULTS,
+    FORBIDDEN_REPLAY_HEADERS,
+    IN_FLIGHT,
+    MODES,
+    is_header_name,
+    load_callable,
+)
 from idempotency.models import PURGEABLE, IdempotencyRecord
 
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
@@ -286,7 +293,7 @@ CHECKS: list[Check] = [
     _header,
     _max_key_length,
     _boolean("REQUIRE_KEY", "idempotency.E005"),
-    _choice("MODE", ("atomic", "lease"), "idempotency.E006"),
+    _choice("MODE", MODES, "idempotency.E006"),
     _positive_number("LOCK_TIMEOUT", "idempotency.E007"),
     _positive_number("RETRY_AFTER", "idempotency.E008", integer=True),
     _positive_number("LEASE_SECONDS", "idempotency.E009"),
@@ -306,7 +313,7 @@ CHECKS: list[Check] = [
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
     _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
-    _choice("IN_FLIGHT", ("wait", "conflict"), "idempotency.E032"),
+    _choice("IN_FLIGHT", IN_FLIGHT, "idempotency.E032"),
     _drf_error_format,
     _replay_cache,
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),

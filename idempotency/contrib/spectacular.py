@@ -22,7 +22,7 @@ from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 
 from idempotency import openapi
 from idempotency.drf import IdempotentCreateMixin, IdempotentMixin, _operation_name
-from idempotency.http import IdempotencyOptions
+from idempotency.options import IdempotencyOptions
 
 Operation = dict[str, Any]
 
@@ -60,7 +60,7 @@ def protection(view: Any, method: str) -> tuple[IdempotencyOptions, str] | None:
         return None
     action = getattr(view, "action", None) or method.lower()
     if isinstance(view, IdempotentCreateMixin) and action in ("create", "post"):
-        name = view.idempotency_operation or _operation_name(type(view), action)
+        name = view._idempotency_options.operation or _operation_name(type(view), action)
         return _mixin_options(view), name
     return _marked(getattr(view, action, None))
 
@@ -68,7 +68,8 @@ def protection(view: Any, method: str) -> tuple[IdempotencyOptions, str] | None:
 def _mixin_options(view: IdempotentMixin) -> IdempotencyOptions:
     if type(view).get_idempotency_key is not IdempotentMixin.get_idempotency_key:
         return IdempotencyOptions(key=view.get_idempotency_key)  # a key from elsewhere: no header
-    return IdempotencyOptions(header=view.idempotency_header, required=view.idempotency_required)
+    options = view._idempotency_options
+    return IdempotencyOptions(header=options.header, required=options.required)
 
 
 def _marked(handler: Any) -> tuple[IdempotencyOptions, str] | None:

@@ -35,16 +35,14 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.base import ModelState
-from django.db.models.signals import post_init, pre_init
 
+from idempotency.compat import record_from_row
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 
@@ -53,6 +51,9 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Sta
 # "retry": the database gave up this transaction (a deadlock or serialization
 # failure) and a new transaction may claim again.
 Contention = Literal["busy", "retry"]
+
+# The stores build records with it (its home is idempotency.compat).
+__all__ = ["Candidate", "Contention", "Store", "record_from_row", "transaction_pooled"]
 
 
 class Candidate(NamedTuple):
@@ -85,28 +86,6 @@ class Candidate(NamedTuple):
             owner_token=self.owner_token,
             status=Status.PROCESSING,
         )
-
-
-def record_from_row(
-    alias: str, attnames: Sequence[str], values: Sequence[Any]
-) -> IdempotencyRecord:
-    """The record a row of ``attnames`` read from ``alias`` holds: ``Model.from_db``, made cheap.
-
-    Values as the ORM's converters give them; the columns not among
-    ``attnames`` are deferred (the ORM reads them on first access). What
-    ``Model.__init__`` does for a row (one attribute per column, its state
-    bound to ``alias``) is done here directly: its general path costs more
-    than the statement that read the row. A project that listens to
-    ``pre_init`` or ``post_init`` for the records gets them through
-    ``from_db``, its signals sent.
-    """
-    if pre_init.has_listeners(IdempotencyRecord) or post_init.has_listeners(IdempotencyRecord):
-        return IdempotencyRecord.from_db(alias, list(attnames), list(values))
-    record = IdempotencyRecord.__new__(IdempotencyRecord)
-    state = record._state = ModelState()
-    state.adding, state.db = False, alias
-    record.__dict__.update(zip(attnames, values, strict=True))
-    return record
 
 
 def transaction_pooled(alias: str) -> bool:

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
+from idempotency.compat import sql_literal
 from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.shards import schema
 from idempotency.stores.base import Candidate, Contention, record_from_row, transaction_pooled
@@ -373,8 +374,7 @@ class PostgresStore(GenericStore):
             return "%s"
         if name in _DATABASE_CLOCK:
             return _NOW
-        ops: Any = self.connection.ops  # PostgreSQL's operations can quote a value
-        literal: str = ops.compose_sql("%s", [self._defaults[name]])
+        literal = sql_literal(self.connection, self._defaults[name])
         return literal.replace("%", "%%")  # the statement still has placeholders
 
     def _finish_sql(self, names: tuple[str, ...], expires: bool) -> str:

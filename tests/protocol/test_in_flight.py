@@ -268,7 +268,7 @@ def test_each_entry_point_passes_the_option_on(rf):
     request.user = UserFactory.build(pk=1)
     for options in (view.idempotency_options, operation.idempotency_options):
         assert build_operation(request, options, "k", "op").conflict_at_once
-    assert Task()._idempotency.in_flight == "conflict"
+    assert Task()._idempotency.options.in_flight == "conflict"
     # Unset per view, the setting decides; set per view, the view does.
     unset = build_operation(request, IdempotencyOptions(), "k", "op")
     waits = build_operation(request, IdempotencyOptions(in_flight="wait"), "k", "op")

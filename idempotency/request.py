@@ -1,0 +1,218 @@
+"""What a protected request is: its key, scope and fingerprint, read from the request.
+
+The key from its header (or an HTML form's field), the scope from
+``SCOPE_FUNCTION``, and the default fingerprint over the method, path, query
+and canonical body (``idempotency.fingerprint`` canonicalises; this reads).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from functools import lru_cache
+from typing import Any
+
+from django.http import RawPostDataException
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import HttpHeaders
+
+from idempotency.adapters import UNPARSED, AnyRequest, django_request_of, parsed_body
+from idempotency.compat import query_parsed
+from idempotency.conf import idempotency_settings, load_callable
+from idempotency.core import (
+    Operation,
+)
+from idempotency.exceptions import (
+    KeyMissing,
+    ScopeUnavailable,
+)
+from idempotency.fingerprint import canonical, fingerprint, parse_json
+from idempotency.keys import checked_key, parse_key, validate_key
+from idempotency.options import IdempotencyOptions
+from idempotency.shards import request_tenant
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+# An HTML form, which cannot send headers, may carry the key in this field instead
+# (the DRF browsable API's forms do). It is not part of the fingerprint.
+KEY_FORM_FIELD = "_idempotency_key"
+
+
+# Form fields that are not the request's business content: left out of the fingerprint.
+_FORM_ONLY_FIELDS = (KEY_FORM_FIELD, "csrfmiddlewaretoken")
+
+
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
+    if options.key is None:
+        return header_key(request, options.header, options.required)
+    function = load_callable(options.key, "key")
+    key = function(request)
+    if key is not None:
+        validate_key(checked_key(key, function), max_length=idempotency_settings.MAX_KEY_LENGTH)
+        return str(key)
+    if _required(options.required):
+        name = getattr(function, "__qualname__", repr(function))
+        raise KeyMissing(f"{KeyMissing.default_detail} The key function {name} found none (None).")
+    return None
+
+
+def header_key(request: AnyRequest, header: str | None, required: bool | None) -> str | None:
+    """The key of the ``header`` header (default ``HEADER``), or of the form's key field."""
+    name = _meta_name(header or idempotency_settings.HEADER)
+    raw = django_request_of(request).META.get(name)
+    if raw is None:
+        raw = _form_key(request)
+    if raw is not None:
+        return parse_key(raw, max_length=idempotency_settings.MAX_KEY_LENGTH)
+    if _required(required):
+        raise KeyMissing()
+    return None
+
+
+def _required(required: bool | None) -> bool:
+    return required if required is not None else idempotency_settings.REQUIRE_KEY
+
+
+@lru_cache(maxsize=16)
+def _meta_name(header: str) -> str:
+    # Read from META as the server put it: ``request.headers`` would copy every header first.
+    return HttpHeaders.to_wsgi_name(header)
+
+
+def _form_key(request: AnyRequest) -> str | None:
+    if (django_request_of(request).content_type or "") not in _FORM_TYPES:
+        return None
+    data = parsed_body(request)
+    try:
+        form: Mapping[str, Any] = request.POST if data is UNPARSED else data
+    except MultiPartParserError:
+        return None  # no key to read; the view rejects the body
+    value = form.get(KEY_FORM_FIELD)
+    return None if value is None else str(value)
+
+
+def build_operation(
+    request: AnyRequest, options: IdempotencyOptions, key: str, name: str
+) -> Operation:
+    django_request = django_request_of(request)
+    scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
+    return options.call(
+        str(scope_function(request, name)),
+        key,
+        request_hash(request, options),
+        name,
+        method=django_request.method or "",
+        path=django_request.path,
+    )
+
+
+def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
+    if options.fingerprint is not None:
+        material = load_callable(options.fingerprint, "fingerprint")(request)
+        return fingerprint([material])
+    return fields_hash(request, options.fields, options.exclude)
+
+
+def fields_hash(
+    request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
+) -> str:
+    """The request's hash by ``FINGERPRINT_FUNCTION``, over ``fields`` less ``exclude``."""
+    function = idempotency_settings.FINGERPRINT_FUNCTION
+    return str(function(request, fields=fields, exclude=exclude))
+
+
+def default_scope(request: AnyRequest, operation: str) -> str:
+    """``user:<pk>:<operation>``; anonymous callers have no scope and are refused.
+
+    Where the request has a tenant (django-tenants' ``request.tenant``, other
+    than the public schema), ``tenant:<schema>:user:<pk>:<operation>``: one
+    user working in two tenants has two scopes.
+    """
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        raise ScopeUnavailable()
+    tenant = request_tenant(request)
+    if tenant is not None:
+        return f"tenant:{tenant}:user:{user.pk}:{operation}"
+    return f"user:{user.pk}:{operation}"
+
+
+def default_fingerprint(
+    request: AnyRequest,
+    *,
+    fields: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+) -> str:
+    """SHA-256 of the method, the path, the sorted query and the canonical body."""
+    django_request = django_request_of(request)
+    # Most unsafe requests have no query string: "[]" without parsing one (unless the
+    # request's GET was already made, or set by hand, when it is read as it is).
+    has_query = query_parsed(django_request) or django_request.META.get("QUERY_STRING")
+    query = sorted(django_request.GET.lists()) if has_query else []
+    return fingerprint(
+        [
+            (django_request.method or "").upper(),
+            django_request.path,
+            json.dumps(query) if query else "[]",
+            _canonical_body(request, fields, exclude),
+        ]
+    )
+
+
+def _canonical_body(
+    request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
+) -> str | bytes:
+    content_type = django_request_of(request).content_type or ""
+    form = content_type in _FORM_TYPES
+    if form:
+        exclude = (*exclude, *_FORM_ONLY_FIELDS)
+    exact = json_body(request)
+    if exact is not UNPARSED:
+        if exact is _NOT_JSON:
+            return request.body  # the view rejects it; the raw bytes still fingerprint it
+        return canonical(exact, include=fields, exclude=exclude)
+    data = parsed_body(request)
+    if data is not UNPARSED:
+        return canonical(data, include=fields, exclude=exclude)
+    if form:
+        try:
+            fields_and_files: dict[str, list[Any]] = dict(request.POST.lists())
+            fields_and_files.update(request.FILES.lists())
+        except MultiPartParserError:
+            return b""
+        return canonical(fields_and_files, include=fields, exclude=exclude)
+    return request.body
+
+
+_NOT_JSON: Any = object()
+
+
+def json_body(request: AnyRequest) -> Any:
+    """The JSON body parsed exactly (numbers as ``Decimal``), for the fingerprint.
+
+    ``UNPARSED`` when the request is not JSON or its body was already read as a
+    stream (a framework's parse is used then), ``_NOT_JSON`` when it is malformed
+    (the view rejects it; the raw bytes fingerprint it). ``RequestInvalid`` when it
+    nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
+    """
+    django_request = django_request_of(request)
+    cached = getattr(django_request, "_idempotency_json", UNPARSED)
+    if cached is not UNPARSED:
+        return cached
+    content_type = django_request.content_type or ""
+    if not (content_type == "application/json" or content_type.endswith("+json")):
+        return UNPARSED
+    try:
+        body = django_request.body
+    except RawPostDataException:
+        return UNPARSED
+    try:
+        parsed = parse_json(body) if body else _NOT_JSON
+    except ValueError:
+        parsed = _NOT_JSON
+    django_request._idempotency_json = parsed  # type: ignore[attr-defined]
+    return parsed
