@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.server import Database
 from benchmarks.stats import rotated
+
+if TYPE_CHECKING:
+    from idempotency.progress import Progress
 
 TABLE = "idempotency_idempotencyrecord"
 LOST_LEASE_OPERATION = "bench.lost-lease"
@@ -232,9 +235,9 @@ class _Enough(Exception):
     pass
 
 
-def _stop_after(rows: int) -> Callable[[int, int], None]:
-    def progress(done: int, total: int) -> None:
-        if done >= rows:
+def _stop_after(rows: int) -> Callable[[Progress], None]:
+    def progress(current: Progress) -> None:
+        if current.done >= rows:
             raise _Enough
 
     return progress

@@ -17,6 +17,7 @@ from idempotency.exceptions import (
     ScopeUnavailable,
     TransitionNotAllowed,
 )
+from idempotency.progress import Progress
 
 if TYPE_CHECKING:
     from idempotency.celery import IdempotentTask as IdempotentTask  # not in __all__
@@ -86,6 +87,7 @@ __all__ = [
     "LeaseLost",
     "Operation",
     "Outcome",
+    "Progress",
     "RecoveryReport",
     "RequestInvalid",
     "Resolution",

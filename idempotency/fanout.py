@@ -7,41 +7,45 @@ each shard's pass runs with its connection switched to the shard's schema
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
+from idempotency.progress import OnProgress, Progress
 from idempotency.recovery import RecoveryReport, recover_expired
-from idempotency.retention import Progress, purge
+from idempotency.retention import purge
 from idempotency.shards import Shard, shards
 
 __all__ = ["purge_everywhere", "recover_everywhere", "total"]
 
 
 def purge_everywhere(
-    database: str | None = None,
-    progress: Callable[[Shard], Progress | None] | None = None,
-    **options: Any,
+    database: str | None = None, progress: OnProgress | None = None, **options: Any
 ) -> list[tuple[Shard, int]]:
     """``retention.purge`` in every shard (``shards(database)``): how many each lost.
 
-    ``progress(shard)`` gives the progress callback of that shard's pass.
+    ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
     """
-    done = []
-    for shard in shards(database):
+    visited, done = shards(database), []
+    for shard in visited:
         with shard.active():
-            report = progress(shard) if progress is not None else None
+            report = _labelled(progress, shard, visited)
             done.append((shard, purge(database=shard.alias, progress=report, **options)))
     return done
 
 
 def recover_everywhere(
-    database: str | None = None, **options: Any
+    database: str | None = None, progress: OnProgress | None = None, **options: Any
 ) -> list[tuple[Shard, RecoveryReport]]:
-    """``recovery.recover_expired`` in every shard (``shards(database)``): each one's report."""
-    done = []
-    for shard in shards(database):
+    """``recovery.recover_expired`` in every shard (``shards(database)``): each one's report.
+
+    ``progress`` as for ``purge_everywhere``.
+    """
+    visited, done = shards(database), []
+    for shard in visited:
         with shard.active():
-            done.append((shard, recover_expired(database=shard.alias, **options)))
+            report = _labelled(progress, shard, visited)
+            done.append((shard, recover_expired(database=shard.alias, progress=report, **options)))
     return done
 
 
@@ -52,3 +56,13 @@ def total(reports: Iterable[RecoveryReport], dry_run: bool = False) -> RecoveryR
         for name in ("succeeded", "released", "needs_review", "unknown", "skipped"):
             setattr(summed, name, getattr(summed, name) + getattr(report, name))
     return summed
+
+
+def _labelled(progress: OnProgress | None, shard: Shard, visited: list[Shard]) -> OnProgress | None:
+    if progress is None or len(visited) == 1:
+        return progress
+
+    def told(current: Progress) -> None:
+        progress(replace(current, shard=shard.label))
+
+    return told

@@ -17,6 +17,7 @@ from idempotency import signals
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.progress import Meter, OnProgress
 from idempotency.resolvers import Resolution, Resolver, ask, resolver_for
 from idempotency.stores import records_database
 from idempotency.transitions import postpone, transition
@@ -50,6 +51,13 @@ class RecoveryReport:
     def as_dict(self) -> dict[str, int | bool]:
         return {**asdict(self), "examined": self.examined}
 
+    def outcomes(self) -> dict[str, int]:
+        """How many records each outcome took so far (``skipped`` only where there were some)."""
+        counts = {
+            name: getattr(self, name) for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN)
+        }
+        return {**counts, SKIPPED: self.skipped} if self.skipped else counts
+
 
 def resolve_record(record: IdempotencyRecord) -> str:
     """Ask ``record``'s resolver now and apply the answer; returns what happened.
@@ -73,27 +81,34 @@ def resolve_record(record: IdempotencyRecord) -> str:
 
 
 def recover_expired(
-    batch_size: int | None = None, dry_run: bool = False, database: str | None = None
+    batch_size: int | None = None,
+    dry_run: bool = False,
+    database: str | None = None,
+    progress: OnProgress | None = None,
 ) -> RecoveryReport:
     """One recovery pass over every record whose lease has expired, in bounded batches.
 
     Each batch is one short transaction that locks its rows with
     ``SKIP LOCKED``: several workers can run this at once and never handle the
     same record. With ``dry_run`` the resolvers are asked (they only read) but
-    nothing is written. ``database``: that alias (``idempotency.shards.recover_everywhere``
-    visits every one that holds records).
+    nothing is written. ``database``: that alias (``idempotency.fanout.recover_everywhere``
+    visits every one that holds records). ``progress(Progress)`` is called after
+    each batch that found records, with the outcomes so far in ``counts``.
     """
     size = batch_size or idempotency_settings.RECOVERY_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
     database = records_database(database)
     report = RecoveryReport(dry_run=dry_run)
+    meter = Meter(progress)
     after: IdempotencyRecord | None = None
     while True:
         with transaction.atomic(using=database):
             batch = expired_batch(database, after=after, size=size, lock=not dry_run)
             for record in batch:
                 report.add(_recover_one(record, dry_run=dry_run))
+        if batch:
+            meter.batch(report.examined, report.outcomes())
         if len(batch) < size:
             return report
         after = batch[-1]

@@ -9,7 +9,7 @@ table. ``PROCESSING`` and ``NEEDS_REVIEW`` records are never purged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -19,9 +19,8 @@ from django.db.models.functions import Now
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
+from idempotency.progress import Meter, OnProgress
 from idempotency.stores import records_database, store_for
-
-Progress = Callable[[int, int], None]
 
 
 def retention_for(operation_name: str, status: str) -> timedelta | None:
@@ -37,7 +36,7 @@ def purge(
     statuses: Iterable[str] | None = None,
     scope: str | None = None,
     dry_run: bool = False,
-    progress: Progress | None = None,
+    progress: OnProgress | None = None,
     database: str | None = None,
 ) -> int:
     """Delete expired records; returns how many (with ``dry_run``, how many would go).
@@ -46,8 +45,9 @@ def purge(
       finished records created more than this long ago.
     - ``statuses``: only these (``SUCCEEDED``, ``FAILED_FINAL``, ``FAILED_RETRYABLE``).
     - ``scope``: only this scope; a trailing ``*`` matches a prefix (``user:42:*``).
-    - ``progress(done, total)`` is called after each batch.
-    - ``database``: that alias (``idempotency.shards.purge_everywhere`` visits
+    - ``progress(Progress)`` is called after each batch that deleted rows
+      (``idempotency.progress``: batches, records so far, of how many, time).
+    - ``database``: that alias (``idempotency.fanout.purge_everywhere`` visits
       every one that holds records).
 
     Each batch of ``batch_size`` (``PURGE_BATCH_SIZE``) rows is its own short
@@ -58,8 +58,10 @@ def purge(
         raise ValueError("batch_size should be a positive integer.")
     database = records_database(database)
     candidates = purgeable(database, older_than=older_than, statuses=statuses, scope=scope)
-    total = candidates.count() if dry_run or progress else 0
-    deleted = total if dry_run else _delete_in_batches(database, candidates, size, total, progress)
+    if dry_run:
+        deleted = candidates.count()
+    else:
+        deleted = _delete_in_batches(database, candidates, size, Meter(progress))
     signals.records_purged.send(IdempotencyRecord, count=deleted, dry_run=dry_run)
     return deleted
 
@@ -102,9 +104,10 @@ def _delete_in_batches(
     database: str,
     candidates: IdempotencyRecordQuerySet,
     size: int,
-    total: int,
-    progress: Progress | None,
+    meter: Meter,
 ) -> int:
+    if meter.callback is not None:
+        meter.total = candidates.count()
     ordering = str(candidates.query.order_by[0])  # expires_at, or created_at with older_than
     deleted = 0
     floor = None  # where the last batch ended, in purge order
@@ -120,8 +123,8 @@ def _delete_in_batches(
             else:
                 count, floor = _delete_and_forget(database, batch(chosen, size), ordering)
         deleted += count
-        if progress is not None and count:
-            progress(deleted, max(total, deleted))
+        if count:
+            meter.batch(deleted)
         if count < size:
             return deleted
 

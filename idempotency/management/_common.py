@@ -9,11 +9,14 @@ import re
 from argparse import ArgumentParser
 from collections.abc import Sized
 from datetime import timedelta
+from time import monotonic
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from idempotency.models import PURGEABLE
+from idempotency.progress import OnProgress, Progress, duration, every, rate
 
 _AGE = re.compile(r"^\s*(\d+)\s*([dhms])\s*$", re.IGNORECASE)
 _UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
@@ -26,6 +29,17 @@ def add_dry_run_and_batch_size(
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
     parser.add_argument(
         "--batch-size", metavar="N", help=f"{batch} (default: IDEMPOTENCY[{setting!r}])."
+    )
+
+
+def add_progress_every(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress-every",
+        metavar="SECONDS",
+        type=float,
+        default=2.0,
+        help="Where the output is not a terminal, a progress line at most every SECONDS "
+        "(default: 2; 0: after every batch). On a terminal, one line updated as it goes.",
     )
 
 
@@ -89,3 +103,54 @@ def chosen_database(alias: str | None) -> str | None:
 
 def shards(results: Sized) -> str:
     return f"{len(results)} shard{'' if len(results) == 1 else 's'}"
+
+
+class ProgressLines:
+    """A command's progress: on a terminal one updating line, else a line every few seconds.
+
+    ``-v 0`` (``verbosity`` 0) gives ``callback`` ``None``: the pass says nothing.
+    """
+
+    def __init__(self, command: BaseCommand, verb: str, options: dict[str, Any]) -> None:
+        self.out, self.verb = command.stdout, verb
+        self.terminal = self.out.isatty()
+        self.width, self.shard = 0, ""
+        seconds = float(options["progress_every"])
+        if seconds < 0:
+            raise CommandError(f"--progress-every should be 0 or more seconds, not {seconds:g}.")
+        self.callback: OnProgress | None = None
+        if options["verbosity"] > 0:
+            self.callback = self.show if self.terminal else every(seconds, self.show)
+
+    def show(self, progress: Progress) -> None:
+        shard = f" {progress.shard}" if progress.shard else ""
+        line = f"{self.verb}{shard}... {progress.describe()}"
+        if not self.terminal:
+            self.out.write(line)
+            return
+        if progress.shard != self.shard and self.width:
+            self.out.write("")  # keep the last shard's line
+            self.width = 0
+        self.out.write(f"\r{line.ljust(self.width)}", ending="")
+        self.out.flush()
+        self.width, self.shard = len(line), progress.shard
+
+    def close(self) -> None:
+        """Leave the updating line before the summary."""
+        if self.width:
+            self.out.write("")
+            self.width = 0
+
+
+class Stopwatch:
+    """The time a command's passes took, for its summary."""
+
+    def __init__(self) -> None:
+        self.started = monotonic()
+
+    def took(self, count: int | None = None) -> str:
+        """``(12.3 s, 98 records/s)``; with ``count`` ``None``, the time only."""
+        elapsed = monotonic() - self.started
+        if count is None:
+            return f"({duration(elapsed)})"
+        return f"({duration(elapsed)}, {rate(count / elapsed if elapsed > 0 else 0.0)})"

@@ -5,7 +5,6 @@ Run with ``--ds=tests.deployment.shards_settings`` (scripts/test.sh, the tenants
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
 from collections import Counter
@@ -13,16 +12,18 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connections
 from django.test import Client, override_settings
 
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.tasks import purge_expired_records, recover_expired_leases
 from idempotency.write_guard import CrossDatabaseWrite
+from tests import output
 from tests.deployment.support import together
 from tests.deployment.tenancy import TENANTS, tenant
 from tests.factories import IdempotencyRecordFactory
+from tests.output import timeless
 from tests.testapp.models import Order
 
 pytestmark = [
@@ -173,9 +174,7 @@ def statuses(alias: str) -> Counter[str]:
 
 
 def run(command: str, *args: str) -> str:
-    out = io.StringIO()
-    call_command(command, *args, stdout=out)
-    return out.getvalue()
+    return timeless(output.run(command, *args))
 
 
 def test_cleanup_purges_every_database_that_holds_records_and_names_each():

@@ -26,8 +26,10 @@ from django.test import Client, override_settings
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.stores.postgres import channel
 from idempotency.tasks import purge_expired_records, recover_expired_leases
+from tests import output
 from tests.deployment.support import together
 from tests.factories import IdempotencyRecordFactory
+from tests.output import timeless
 
 pytestmark = [
     pytest.mark.postgres,
@@ -228,9 +230,7 @@ def statuses(name: str) -> Counter[str]:
 
 
 def run(command: str, *args: str) -> str:
-    out = io.StringIO()
-    call_command(command, *args, stdout=out)
-    return out.getvalue()
+    return timeless(output.run(command, *args))
 
 
 SCHEMAS = ("public", *TENANTS)

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from idempotency.models import IdempotencyRecord
+from idempotency.progress import Progress
 from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
 from tests.unit.test_retention import exists, expired
@@ -29,7 +30,7 @@ class TestPurgeWithOtherConnections:
             expired()
         visible: list[int] = []
 
-        def count_from_another_connection(done: int, total: int) -> None:
+        def count_from_another_connection(progress: Progress) -> None:
             def count() -> None:
                 try:
                     visible.append(IdempotencyRecord.objects.count())

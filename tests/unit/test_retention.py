@@ -21,6 +21,7 @@ from idempotency.core import Operation, execute
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.progress import Progress
 from idempotency.retention import purge, retention_for
 from tests.factories import IdempotencyRecordFactory
 
@@ -152,9 +153,16 @@ class TestPurge:
     def test_in_batches_with_progress(self):
         for _ in range(10):
             expired()
-        seen: list[tuple[int, int]] = []
-        assert purge(batch_size=3, progress=lambda done, total: seen.append((done, total))) == 10
-        assert seen == [(3, 10), (6, 10), (9, 10), (10, 10)]
+        seen: list[Progress] = []
+        assert purge(batch_size=3, progress=seen.append) == 10
+        assert [(p.batches, p.done, p.total) for p in seen] == [
+            (1, 3, 10),
+            (2, 6, 10),
+            (3, 9, 10),
+            (4, 10, 10),
+        ]
+        elapsed = [p.elapsed for p in seen]
+        assert elapsed == sorted(elapsed)
         assert not IdempotencyRecord.objects.exists()
 
     def test_dry_run_counts_and_deletes_nothing(self):
@@ -183,7 +191,7 @@ class TestPurge:
         for _ in range(5):
             expired()
         seen: list[int] = []
-        assert purge(progress=lambda done, total: seen.append(done)) == 5
+        assert purge(progress=lambda progress: seen.append(progress.done)) == 5
         assert seen == [2, 4, 5]
 
     def test_batch_size_must_be_positive(self):

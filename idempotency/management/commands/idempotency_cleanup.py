@@ -9,8 +9,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from idempotency.fanout import purge_everywhere
 from idempotency.management._common import (
+    ProgressLines,
+    Stopwatch,
     add_database_argument,
     add_dry_run_and_batch_size,
+    add_progress_every,
     chosen_database,
     parse_age,
     positive_int,
@@ -19,9 +22,7 @@ from idempotency.management._common import (
     statuses,
 )
 from idempotency.models import PURGEABLE
-from idempotency.retention import Progress
 from idempotency.shards import Shard
-from idempotency.stores import records_database
 
 
 class Command(BaseCommand):
@@ -54,10 +55,12 @@ class Command(BaseCommand):
             "--scope", help="Only records of this scope; a trailing * matches a prefix."
         )
         add_database_argument(parser)
+        add_progress_every(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run = bool(options["dry_run"])
-        watched = self.stdout.isatty() and not dry_run
+        lines = ProgressLines(self, "Purging", options)
+        watch = Stopwatch()
         try:
             counts = purge_everywhere(
                 database=chosen_database(options["database"]),
@@ -66,28 +69,23 @@ class Command(BaseCommand):
                 statuses=statuses(options["status"]),
                 scope=options["scope"] or None,
                 dry_run=dry_run,
-                progress=self.progress_of if watched else None,
+                progress=None if dry_run else lines.callback,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        finally:
+            lines.close()
+        if options["verbosity"] > 0:
+            self.summary(counts, dry_run, watch)
+
+    def summary(self, counts: list[tuple[Shard, int]], dry_run: bool, watch: Stopwatch) -> None:
         verb = "Would purge" if dry_run else "Purged"
         count = sum(count for _, count in counts)
-        if watched and count:
-            self.stdout.write("")  # leave the progress line
+        took = watch.took(None if dry_run else count)
         if len(counts) > 1:
             for shard, purged in counts:
                 self.stdout.write(f"{shard.label}: {verb.lower()} {records(purged)}.")
-            self.stdout.write(self.style.SUCCESS(f"{verb} {records(count)} in {shards(counts)}."))
+            message = f"{verb} {records(count)} in {shards(counts)} {took}."
         else:
-            self.stdout.write(self.style.SUCCESS(f"{verb} {records(count)}."))
-
-    def progress_of(self, shard: Shard) -> Progress:
-        """The progress line of one shard's pass (named where there are several)."""
-        named = "" if shard.label == records_database() else f" {shard.label}"
-
-        def show(done: int, total: int) -> None:
-            percent = 100 * done // total if total else 100
-            self.stdout.write(f"\rPurging{named}... {done:,}/{total:,} ({percent}%)", ending="")
-            self.stdout.flush()
-
-        return show
+            message = f"{verb} {records(count)} {took}."
+        self.stdout.write(self.style.SUCCESS(message))

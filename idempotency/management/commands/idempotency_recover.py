@@ -1,4 +1,8 @@
-"""``manage.py idempotency_recover``: one recovery pass (the recovery task's service)."""
+"""``manage.py idempotency_recover``: one recovery pass (the recovery task's service).
+
+With ``--id``, the chosen records instead, through the admin's service
+(``idempotency.resolution``): their resolvers, or ``--mark`` a status.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +11,36 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from idempotency import resolution
 from idempotency.fanout import recover_everywhere, total
 from idempotency.management._common import (
+    ProgressLines,
+    Stopwatch,
     add_database_argument,
     add_dry_run_and_batch_size,
+    add_progress_every,
     chosen_database,
     positive_int,
     records,
     shards,
 )
+from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import RecoveryReport
+from idempotency.shards import Shard
+from idempotency.shards import shards as shards_of
+
+MARKS = {
+    "succeeded": Status.SUCCEEDED,
+    "retry": Status.FAILED_RETRYABLE,
+    "final": Status.FAILED_FINAL,
+}
 
 
 class Command(BaseCommand):
     help = (
         "Settle PROCESSING records whose lease expired by asking their resolver: "
-        "succeeded, released for retry, or needs review."
+        "succeeded, released for retry, or needs review. With --id, only those records "
+        "(their resolver, or --mark a status)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -33,25 +51,111 @@ class Command(BaseCommand):
             setting="RECOVERY_BATCH_SIZE",
         )
         add_database_argument(parser)
+        add_progress_every(parser)
+        parser.add_argument(
+            "--id",
+            action="append",
+            type=int,
+            dest="ids",
+            metavar="ID",
+            help="Only this record (repeatable): a PROCESSING record whose lease expired or "
+            "a NEEDS_REVIEW record. Its resolver is asked now, unless --mark.",
+        )
+        parser.add_argument(
+            "--mark",
+            choices=sorted(MARKS),
+            help="With --id: settle the records by hand instead of asking their resolver "
+            "(succeeded: SUCCEEDED, retry: FAILED_RETRYABLE, final: FAILED_FINAL).",
+        )
+        parser.add_argument(
+            "--resource-id",
+            metavar="RID",
+            help="With --mark succeeded: what the first attempt created, given to repeats.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        batch_size = positive_int(options["batch_size"], "--batch-size")
-        dry_run = bool(options["dry_run"])
+        database = chosen_database(options["database"])
+        if options["ids"]:
+            self.resolve_chosen(options["ids"], database, options)
+            return
+        if options["mark"] or options["resource_id"]:
+            raise CommandError("--mark and --resource-id need the records chosen with --id.")
+        lines = ProgressLines(self, "Recovering", options)
+        watch = Stopwatch()
         try:
             reports = recover_everywhere(
-                database=chosen_database(options["database"]),
-                batch_size=batch_size,
-                dry_run=dry_run,
+                database=database,
+                batch_size=positive_int(options["batch_size"], "--batch-size"),
+                dry_run=bool(options["dry_run"]),
+                progress=lines.callback,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        finally:
+            lines.close()
+        if options["verbosity"] > 0:
+            self.summary(reports, bool(options["dry_run"]), watch)
+
+    def summary(
+        self, reports: list[tuple[Shard, RecoveryReport]], dry_run: bool, watch: Stopwatch
+    ) -> None:
+        everything = total((report for _, report in reports), dry_run)
+        took = watch.took(everything.examined)
         if len(reports) == 1:
-            self.stdout.write(self.style.SUCCESS(summary(reports[0][1])))
+            self.stdout.write(self.style.SUCCESS(f"{summary(everything)} {took}."))
             return
         for shard, report in reports:
-            self.stdout.write(f"{shard.label}: {summary(report)}")
-        everything = summary(total((report for _, report in reports), dry_run))
-        self.stdout.write(self.style.SUCCESS(f"{everything[:-1]} in {shards(reports)}."))
+            self.stdout.write(f"{shard.label}: {summary(report)}.")
+        self.stdout.write(self.style.SUCCESS(f"{summary(everything)} in {shards(reports)} {took}."))
+
+    def resolve_chosen(self, ids: list[int], database: str | None, options: dict[str, Any]) -> None:
+        if options["dry_run"]:
+            raise CommandError("--dry-run reports a recovery pass; it does not go with --id.")
+        if options["resource_id"] and options["mark"] != "succeeded":
+            raise CommandError("--resource-id goes with --mark succeeded.")
+        shard = one_shard(database)
+        with shard.active():
+            chosen = list(
+                IdempotencyRecord.objects.using(shard.alias).filter(pk__in=ids).order_by("pk")
+            )
+            report = settle(chosen, options["mark"], options["resource_id"])
+        missing = sorted(set(ids) - {record.pk for record in chosen})
+        for change in report.changes:
+            outcome = f" Resolver: {change.outcome}." if change.outcome else ""
+            if options["verbosity"] > 0:
+                self.stdout.write(f"Record {change.after.pk}: {change.describe()}{outcome}")
+        for refusal in report.refused:
+            self.stderr.write(f"Refused: {refusal}")
+        for pk in missing:
+            self.stderr.write(f"No record {pk} in {shard.label}.")
+        if report.refused or missing:
+            raise CommandError(
+                f"{len(report.refused) + len(missing)} of {records(len(set(ids)))} not changed."
+            )
+        if options["verbosity"] > 0:
+            self.stdout.write(self.style.SUCCESS(f"Changed {records(len(report.changes))}."))
+
+
+def settle(
+    chosen: list[IdempotencyRecord], mark: str | None, resource_id: str | None
+) -> resolution.ResolutionReport:
+    if mark is None:
+        return resolution.run_resolvers(chosen)
+    given = (lambda record: resource_id) if resource_id else None
+    return resolution.mark_records(chosen, MARKS[mark], resource_ids=given)
+
+
+def one_shard(database: str | None) -> Shard:
+    """Ids are a shard's own: the chosen records must be looked for in one shard."""
+    found = shards_of(database)
+    if len(found) > 1:
+        raise CommandError(
+            f"--id takes records of one shard; there are {len(found)} "
+            f"({', '.join(shard.label for shard in found)}). Choose a database with "
+            "--database ALIAS, or a tenant's schema with "
+            "`manage.py tenant_command idempotency_recover --schema=NAME ...`."
+        )
+    return found[0]
 
 
 def summary(report: RecoveryReport) -> str:
@@ -64,4 +168,4 @@ def summary(report: RecoveryReport) -> str:
     ]
     if report.skipped:
         parts.append(f"{report.skipped:,} skipped (changed meanwhile)")
-    return f"{verb} {records(report.examined)}: {', '.join(parts)}."
+    return f"{verb} {records(report.examined)}: {', '.join(parts)}"
