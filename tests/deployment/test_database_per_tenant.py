@@ -206,6 +206,28 @@ def test_recover_settles_expired_leases_in_every_database():
         assert statuses(alias) == Counter({Status.FAILED_RETRYABLE: count})
 
 
+def test_progress_names_each_shard_it_is_in():
+    for alias in ALIASES:
+        seed(alias, expired=2, stuck=0)
+
+    out = output.run("idempotency_cleanup", "--batch-size", "1", "--progress-every", "0")
+
+    started = [line.split(",")[:2] for line in out.splitlines() if " 1 batch," in line]
+    assert started == [[f"Purging {alias}... 1 batch", " 1/2 records (50%)"] for alias in ALIASES]
+
+
+def test_records_chosen_by_id_are_looked_for_in_one_database():
+    seed("tenant_a", expired=0, stuck=1)
+    stuck = IdempotencyRecord.objects.using("tenant_a").get()
+
+    with pytest.raises(CommandError, match=r"--id takes records of one shard; there are 3 "):
+        run("idempotency_recover", "--id", str(stuck.pk), "--mark", "retry")
+    assert run(
+        "idempotency_recover", "--database", "tenant_a", "--id", str(stuck.pk), "--mark", "retry"
+    ).endswith("Changed 1 record.\n")
+    assert statuses("tenant_a") == Counter({Status.FAILED_RETRYABLE: 1})
+
+
 @override_settings(IDEMPOTENCY={"RELEASE_EXPIRED_WITHOUT_RESOLVER": True})
 def test_the_beat_tasks_fan_out_as_the_commands_do():
     for alias in ALIASES:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client, override_settings
 
@@ -264,6 +264,25 @@ def test_cleanup_run_for_one_tenant_stays_in_its_schema(emptied):
     assert in_schema("alpha", lambda: run("idempotency_cleanup")) == "Purged 2 records.\n"
     assert statuses("alpha") == Counter()
     assert statuses("beta") == statuses("public") == Counter({Status.SUCCEEDED: 2})
+
+
+def test_progress_names_each_schema_and_ids_are_a_schemas_own(emptied):
+    for name in SCHEMAS:
+        seed(name, expired=1, stuck=1)
+
+    out = output.run("idempotency_cleanup", "--progress-every", "0")
+    assert [line.split(",")[0] for line in out.splitlines() if "batch" in line] == [
+        f"Purging default/{name}... 1 batch" for name in SCHEMAS
+    ]
+    with pytest.raises(CommandError, match=r"tenant_command idempotency_recover --schema=NAME"):
+        run("idempotency_recover", "--id", "1")
+    stuck = in_schema("alpha", lambda: IdempotencyRecord.objects.get(status=Status.PROCESSING))
+    out = in_schema(
+        "alpha", lambda: run("idempotency_recover", "--id", str(stuck.pk), "--mark", "final")
+    )
+    assert out.endswith("Changed 1 record.\n")
+    assert statuses("alpha") == Counter({Status.FAILED_FINAL: 1})
+    assert statuses("beta") == Counter({Status.PROCESSING: 1})
 
 
 def test_all_tenants_command_purges_each_tenant(emptied):
