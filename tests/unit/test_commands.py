@@ -356,7 +356,7 @@ class TestByHand:
                 python("-m", "django", *args), env=env, capture_output=True, text=True, timeout=60
             )
             assert result.returncode == 0, result.stderr
-            return result.stdout
+            return timeless(result.stdout)
 
         assert manage("idempotency_cleanup", "--dry-run") == "Would purge 3 records.\n"
         assert manage("idempotency_cleanup") == "Purged 3 records.\n"
