@@ -89,6 +89,7 @@ LAYERS: list[set[str]] = [
         "idempotency.resolvers",
         "idempotency.compat",
         "idempotency.write_guard",
+        "idempotency.progress",
     },
     {
         "idempotency.stores",
