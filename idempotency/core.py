@@ -490,7 +490,11 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     lease = _lease_length(operation) if operation.mode == "lease" else None
     with _ContentionAnswered(operation):
         record = operation.store.claim(
-            _candidate(operation, token), lease=lease, lock_timeout=_lock_timeout(operation)
+            _candidate(operation, token),
+            lease=lease,
+            lock_timeout=_lock_timeout(operation),
+            # Atomic mode: the record starts with a success's expiry (its finish is then in place).
+            expires_in=retention_for(operation.name, Status.SUCCEEDED) if lease is None else None,
         )
     if record is None or record.owner_token == token:
         return record

@@ -97,8 +97,8 @@ def test_lease_mode_claims_in_one_committed_statement():
         attempts: list[Attempt] = []
         run(operation(mode="lease"), lambda attempt: attempts.append(attempt))
     statements = [query["sql"].split()[0].upper() for query in queries]
-    # the claim (one WITH ... INSERT statement, committed by itself), then the finish
-    assert statements == ["WITH", "UPDATE"]
+    # the claim (one INSERT, committed by itself), then the finish
+    assert statements == ["INSERT", "UPDATE"]
     record = IdempotencyRecord.objects.get()
     assert record.status == Status.SUCCEEDED
     assert attempts[0].record.lease_until is not None  # the lease was taken by the claim
@@ -108,7 +108,7 @@ def test_atomic_mode_claims_in_one_statement_inside_its_transaction():
     with CaptureQueriesContext(connection) as queries:
         run(operation())
     statements = [query["sql"].split()[0].upper() for query in queries]
-    assert statements == ["BEGIN", "WITH", "UPDATE", "COMMIT"]
+    assert statements == ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
 
 
 def test_a_replay_takes_no_row_lock():
@@ -203,8 +203,10 @@ def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own
     assert run(operation(mode=mode, key="k-2")) == "ran"
     assert run(operation(mode=mode)) == "replayed"
     statements = our_prepared_statements()
-    # one prepared statement each, reused by every later request on this session
-    assert sorted(statement.split()[0].upper() for statement in statements) == ["UPDATE", "WITH"]
+    # one prepared statement each (the claim, the read of a taken key, the finish),
+    # reused by every later request on this session
+    verbs = sorted(statement.split()[0].upper() for statement in statements)
+    assert verbs == ["INSERT", "SELECT", "UPDATE"]
     assert IdempotencyRecord.objects.filter(status=Status.SUCCEEDED).count() == 2
 
 
@@ -223,20 +225,20 @@ def test_a_new_record_is_the_row_the_claim_inserted():
         run(operation(method="POST", path="/things/"), lambda attempt: attempts.append(attempt))
     assert [query["sql"].split()[0].upper() for query in queries] == [
         "BEGIN",
-        "WITH",
+        "INSERT",
         "UPDATE",
         "COMMIT",
     ]
     claimed, row = attempts[0].record, IdempotencyRecord.objects.get()
     assert claimed.pk == row.pk
-    assert claimed.get_deferred_fields() == {"created_at", "updated_at"}
+    assert claimed.get_deferred_fields() == {"created_at", "updated_at", "expires_at"}
     for name in ["scope", "idem_key", "operation", "request_hash", "request_method"]:
         assert getattr(claimed, name) == getattr(row, name)
     assert (claimed.request_path, claimed.owner_token) == ("/things/", row.owner_token)
     assert (claimed.attempts, claimed.version, claimed.response_headers) == (1, 1, [])
     assert claimed.lease_until is None and claimed.resource_id == ""
     assert claimed.created_at == row.created_at  # read now, by the ORM
-    assert claimed.get_deferred_fields() == {"updated_at"}
+    assert claimed.get_deferred_fields() == {"updated_at", "expires_at"}
 
 
 def test_atomic_claim_and_finish_share_one_cursor():

@@ -152,13 +152,21 @@ class Store(ABC):
 
     @abstractmethod
     def claim(
-        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
-        """Insert ``candidate``, or read the committed record holding its key, in one statement.
+        """Insert ``candidate``, or read the committed record holding its key.
 
         ``candidate`` carries a fresh ``owner_token``; with ``lease`` the
         record is inserted with its lease taken (``lease_until`` = database
-        clock + ``lease``). The statement
+        clock + ``lease``). With ``expires_in`` (atomic mode: the window of a
+        success) it is inserted with the expiry a success will keep, so that
+        the finish need not change it (a store may ignore it: ``finish`` sets
+        the expiry anyway). The insert
         waits at most ``lock_timeout`` seconds on a concurrent insert of the
         same key, and leaves the connection's own lock wait setting as it found it.
 

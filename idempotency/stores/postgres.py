@@ -43,9 +43,13 @@ _PER_REQUEST_ORDER = (
 _PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
 assert Candidate._fields == _PER_REQUEST_ORDER  # ``claim`` passes a candidate as it is
 _DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
+# Left deferred in the record a claim returns: the database computed them.
+_DEFERRED = _DATABASE_CLOCK | {"expires_at"}
 # The JSON columns a finish writes: sent as JSON text and cast in the statement.
 _JSON = frozenset({"response_headers"})
 _NOW = "STATEMENT_TIMESTAMP()"
+# Where the claim keeps the lock_timeout it found, for the rest of the transaction.
+_SAVED = "idempotency.lock_timeout"
 
 
 class PostgresStore(GenericStore):
@@ -80,22 +84,32 @@ class PostgresStore(GenericStore):
         return nullcontext(shared) if shared is not None else self.connection.cursor()
 
     def claim(
-        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
-        """One statement: insert, or read the committed record holding the key.
+        """One short ``INSERT``; a second statement only when the key is taken.
 
-        It bounds its own wait on a concurrent first attempt with
-        ``set_config('lock_timeout', ..., true)`` and restores the previous
-        value once the insert is done, instead of two ``SET LOCAL`` round trips.
+        The insert bounds its own wait on a concurrent first attempt (its
+        ``status`` value sets ``lock_timeout``, saving the previous value in a
+        transaction-local setting of its own) and puts the previous value back
+        in its ``RETURNING``. A key already taken returns no row: the read of
+        the record holding it puts the value back instead. PostgreSQL plans a
+        ``VALUES`` insert in a fraction of what a statement with CTEs and
+        joins costs, on every request where nothing is prepared.
         """
-        leased = lease is not None
-        # The candidate's fields are the statement's first parameters, in order.
-        params = (*candidate, *((lease,) if leased else ()), candidate.scope, candidate.idem_key)
+        leased, expires = lease is not None, expires_in is not None
+        params = (*candidate, *((lease,) if leased else ()), *((expires_in,) if expires else ()))
         with self._cursor() as cursor:
-            cursor.execute(self._claim_sql(leased, _milliseconds(lock_timeout)), params)
-            claimed, lease_until, *row, _restored = cursor.fetchone()
-        if claimed is not None:
-            return self._claimed_record(claimed, lease_until, candidate)
+            cursor.execute(self._claim_sql(leased, expires, _milliseconds(lock_timeout)), params)
+            claimed = cursor.fetchone()
+            if claimed is not None:
+                return self._claimed_record(claimed[0], claimed[1], candidate)
+            cursor.execute(self._conflict_sql, (candidate.scope, candidate.idem_key))
+            _restored, *row = cursor.fetchone()
         return self._record(self.connection, row)
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
@@ -221,8 +235,8 @@ class PostgresStore(GenericStore):
     def _claimed_record(self, pk: int, lease_until: Any, candidate: Candidate) -> IdempotencyRecord:
         """The record the claim just inserted, from what it inserted: nothing read back.
 
-        The database clock's columns (``created_at``, ``updated_at``) are left
-        deferred: the ORM reads them on first access, which the protocol never makes.
+        What the database computed (``created_at``, ``updated_at``, ``expires_at``)
+        is left deferred: the ORM reads it on first access, which the protocol never makes.
         """
         names, values = self._inserted_names, self._inserted_values.copy()
         values[self._inserted_pk_position], values[self._lease_position] = pk, lease_until
@@ -249,14 +263,14 @@ class PostgresStore(GenericStore):
         template = IdempotencyRecord(status=Status.PROCESSING)
         return {
             field.name: field.get_db_prep_save(getattr(template, field.attname), self.connection)
-            for field in _inserted(False)
+            for field in _inserted()
             if field.name not in _PER_REQUEST | _DATABASE_CLOCK
         }
 
     @cached_property
     def _inserted_names(self) -> list[str]:
         """The columns a new record's values are known of, in the model's order: pk first."""
-        return [field.attname for field in _every_field() if field.name not in _DATABASE_CLOCK]
+        return [field.attname for field in _every_field() if field.name not in _DEFERRED]
 
     @cached_property
     def _inserted_values(self) -> list[Any]:
@@ -301,57 +315,68 @@ class PostgresStore(GenericStore):
             f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final})"
         )
 
-    def _claim_sql(self, leased: bool, lock_timeout: str) -> str:
+    def _claim_sql(self, leased: bool, expires: bool, lock_timeout: str) -> str:
         """The claim statement, composed once per mode and lock wait (a few per project)."""
-        key = (leased, lock_timeout)
+        key = (leased, expires, lock_timeout)
         statement = self._claim_statements.get(key)
         if statement is None:
             if len(self._claim_statements) >= 64:  # lock waits made up per request
                 self._claim_statements.clear()
-            statement = self._compose_claim(leased=leased, lock_timeout=lock_timeout)
+            statement = self._compose_claim(leased, expires, lock_timeout)
             self._claim_statements[key] = statement
         return statement
 
-    def _compose_claim(self, *, leased: bool, lock_timeout: str) -> str:
+    def _compose_claim(self, leased: bool, expires: bool, lock_timeout: str) -> str:
         # The request's own values are parameters, in _PER_REQUEST_ORDER (as ``claim``
         # passes them); the columns every new record starts with the same are
         # literals, prepared and quoted once here: fewer parameters to adapt per claim.
+        given = {"lease_until"} if leased else set()
+        given |= {"expires_at"} if expires else set()
         fields = [
             *(_field(name) for name in _PER_REQUEST_ORDER),
-            *(field for field in _inserted(leased) if field.name not in _PER_REQUEST),
+            *(f for f in _inserted() if f.name not in _PER_REQUEST and f.name not in given),
         ]
         columns = [self._column(field.name) for field in fields]
         values = [self._literal(field.name) for field in fields]
-        if leased:
-            columns.append(self._column("lease_until"))
-            values.append(f"{_NOW} + %s")
-        every = ", ".join(self._quote(field.column) for field in _every_field())
+        # Evaluated before the insert looks for a conflicting row, so before any wait:
+        # the nested call saves the previous value first (argument order is guaranteed).
+        saved = f"set_config('{_SAVED}', current_setting('lock_timeout'), true)"
+        bound = f"set_config('lock_timeout', '{lock_timeout}' || left({saved}, 0), true)"
+        status = columns.index(self._column("status"))
+        values[status] = f"{values[status]} || left({bound}, 0)"
+        for name in ("lease_until", "expires_at"):
+            if name in given:  # the database clock plus the parameter, in this order
+                columns.append(self._column(name))
+                values.append(f"{_NOW} + %s")
         scope, key = self._column("scope"), self._column("idem_key")
         pk, lease_until = self._column("id"), self._column("lease_until")
-        # A new record comes back as its id (and lease) alone: the rest is what was
-        # inserted. The read of the record holding the key shares the insert's
-        # snapshot: it never sees the row this statement inserts, only one committed
-        # before it, and is answered only when nothing was inserted.
-        return f"""
-            WITH previous AS MATERIALIZED (
-                SELECT current_setting('lock_timeout') AS lock_timeout
-            ), bounded AS MATERIALIZED (
-                SELECT lock_timeout, set_config('lock_timeout', '{lock_timeout}', true)
-                FROM previous
-            ), claimed AS (
-                INSERT INTO {self._table} ({", ".join(columns)})
-                SELECT {", ".join(values)} FROM bounded
-                ON CONFLICT ({scope}, {key}) DO NOTHING
-                RETURNING {pk}, {lease_until}
-            )
-            SELECT claimed.{pk} AS claimed_id, claimed.{lease_until} AS claimed_lease_until,
-                record.*, set_config('lock_timeout', bounded.lock_timeout, true) AS restored
-            FROM bounded
-            LEFT JOIN claimed ON TRUE
-            LEFT JOIN (
-                SELECT {every} FROM {self._table} WHERE {scope} = %s AND {key} = %s
-            ) AS record ON claimed.{pk} IS NULL
+        # A new record comes back as its id (and lease) alone: the rest is what was inserted.
+        return (
+            f"INSERT INTO {self._table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
+            f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}, {lease_until}, "
+            f"set_config('lock_timeout', current_setting('{_SAVED}'), true)"
+        )
+
+    @cached_property
+    def _conflict_sql(self) -> str:
+        """After an insert that met the key taken: the committed record holding it, if any.
+
+        A statement of its own, so it reads what committed while the insert
+        waited. It puts ``lock_timeout`` back whether or not a record is found;
+        where the insert committed by itself (autocommit) nothing is saved and
+        the setting is left as it is.
         """
+        every = ", ".join(self._quote(field.column) for field in _every_field())
+        scope, key = self._column("scope"), self._column("idem_key")
+        previous = (
+            f"COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
+            "current_setting('lock_timeout'))"
+        )
+        return (
+            f"SELECT set_config('lock_timeout', {previous}, true), record.* "
+            f"FROM (SELECT 1) AS one LEFT JOIN (SELECT {every} FROM {self._table} "
+            f"WHERE {scope} = %s AND {key} = %s) AS record ON TRUE"
+        )
 
     def _literal(self, name: str) -> str:
         """What a new record's column ``name`` is inserted as, in the claim statement."""
@@ -373,7 +398,7 @@ class PostgresStore(GenericStore):
                 f"{self._column('completed_at')} = {_NOW}",
                 f"{self._column('updated_at')} = {_NOW}",
                 f"{self._column('version')} = {self._column('version')} + 1",
-                f"{self._column('expires_at')} = " + (f"{_NOW} + %s" if expires else "NULL"),
+                f"{self._column('expires_at')} = " + (self._expiry if expires else "NULL"),
             ]
             self._finish_statements[key] = (
                 f"UPDATE {self._table} SET {', '.join(assignments)} "
@@ -381,6 +406,18 @@ class PostgresStore(GenericStore):
                 f"AND {self._column('status')} = '{Status.PROCESSING.value}'"
             )
         return self._finish_statements[key]
+
+    @cached_property
+    def _expiry(self) -> str:
+        """A record whose claim set its expiry counts the window from the claim.
+
+        The atomic-mode claim inserts the expiry a success will have
+        (``created_at`` + the window): the finish then writes the same value,
+        changes no indexed column, and PostgreSQL can apply it in place (HOT).
+        Elsewhere (lease mode, a retried record) it counts from now, as before.
+        """
+        expires_at, created_at = self._column("expires_at"), self._column("created_at")
+        return f"CASE WHEN {expires_at} IS NULL THEN {_NOW} ELSE {created_at} END + %s"
 
     @cached_property
     def _table(self) -> str:
@@ -398,13 +435,9 @@ def _every_field() -> list[Field[Any, Any]]:
     return list(IdempotencyRecord._meta.concrete_fields)
 
 
-@lru_cache(maxsize=2)
-def _inserted(leased: bool) -> list[Field[Any, Any]]:
-    return [
-        field
-        for field in IdempotencyRecord._meta.concrete_fields
-        if not field.primary_key and not (leased and field.name == "lease_until")
-    ]
+@lru_cache(maxsize=1)
+def _inserted() -> list[Field[Any, Any]]:
+    return [field for field in IdempotencyRecord._meta.concrete_fields if not field.primary_key]
 
 
 @lru_cache(maxsize=32)
