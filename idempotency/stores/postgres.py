@@ -56,7 +56,7 @@ class PostgresStore(GenericStore):
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
-        self._claim_statements: dict[tuple[bool, str], str] = {}
+        self._claim_statements: dict[tuple[bool, bool, str], str] = {}
         # The cursor ``statements`` opened, in the async context that opened it: the
         # one Django's connections follow (a context copied from it shares both).
         self._shared: ContextVar[Any] = ContextVar(f"idempotency_cursor_{alias}", default=None)
