@@ -18,6 +18,7 @@ from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execut
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.retention import retention_for
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -264,3 +265,31 @@ def test_a_protected_call_inside_another_finishes_both_on_the_shared_cursor():
     assert run(inner) == "replayed"
     statuses = dict(IdempotencyRecord.objects.values_list("idem_key", "status"))
     assert statuses == {"outer": Status.SUCCEEDED, "inner": Status.SUCCEEDED}
+
+
+def updates_in_this_transaction() -> tuple[int, int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+            [IdempotencyRecord._meta.db_table],
+        )
+        updated, hot = cursor.fetchone()
+    return int(updated), int(hot)
+
+
+def test_an_atomic_mode_finish_is_applied_in_place():
+    """No index reads a column the finish changes: a HOT update, no new index entries."""
+    with transaction.atomic():
+        before = updates_in_this_transaction()
+        run(operation())
+        after = updates_in_this_transaction()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    record = IdempotencyRecord.objects.get()
+    # the expiry a success keeps, set by the claim and counted from it
+    assert record.expires_at == record.created_at + retention_for("things.create", "SUCCEEDED")
+
+
+def test_a_lease_mode_finish_counts_the_retention_from_the_finish():
+    run(operation(mode="lease"))
+    record = IdempotencyRecord.objects.get()
+    assert record.expires_at == record.completed_at + retention_for("things.create", "SUCCEEDED")
