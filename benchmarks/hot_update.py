@@ -9,8 +9,8 @@ create costs the database"), so the second condition decides. This script
 measures it: over ``--records`` finished records (10^6 by
 default) it runs ``--creates`` protected creates through ``core.execute``
 (this app's real claim and finish statements) on the table as shipped, with a
-lower ``fillfactor``, and with the indexes the finish touches dropped (what
-HOT would need: not an option, recovery and purge read them), and prints per
+lower ``fillfactor``, and with the secondary indexes dropped (for comparison:
+recovery and purge read them), and prints per
 configuration the creates per second, the share of HOT updates
 (``pg_stat_user_tables``), what the table and its indexes grew by, and how
 long a ``VACUUM`` of the table then took. Autovacuum is off for the table
