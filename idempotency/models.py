@@ -26,7 +26,9 @@ class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
     def stuck(self) -> IdempotencyRecordQuerySet:
         return self.filter(
             models.Q(status=Status.PROCESSING, lease_until__lt=Now())
-            | models.Q(status=Status.NEEDS_REVIEW)
+            # A NEEDS_REVIEW record never expires (its transition clears expires_at):
+            # said here so that idempotency_unexpiring_idx serves it, not a table scan.
+            | models.Q(status=Status.NEEDS_REVIEW, expires_at__isnull=True)
         )
 
     def purgeable(self) -> IdempotencyRecordQuerySet:
@@ -101,6 +103,14 @@ class IdempotencyRecord(models.Model):
             # Serves the admin's list (newest first, its filters read along it) and
             # purge --older-than. Fixed at the claim.
             models.Index(fields=["created_at"], name="idempotency_created_idx"),
+            # Serves the admin's stuck filter: the records nothing expires (in flight in
+            # lease mode, needing review, or kept by a retention of None), newest first.
+            PartialIndex(
+                fields=["created_at"],
+                where=models.Q(expires_at__isnull=True),
+                fallback_fields=["expires_at", "created_at"],
+                name="idempotency_unexpiring_idx",
+            ),
         ]
 
     def __str__(self) -> str:

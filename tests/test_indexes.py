@@ -14,6 +14,8 @@ from idempotency.indexes import PartialIndex
 from idempotency.models import IdempotencyRecord
 from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
+from tests.test_retention import BULK_INSERT as POSTGRES_BULK_INSERT
+from tests.test_retention import BULK_ROWS as POSTGRES_BULK_ROWS
 
 pytestmark = pytest.mark.django_db
 
@@ -169,3 +171,24 @@ class TestQueryPlansOnMariaDB:
         with transaction.atomic():
             expired = expired_batch("default", after=None, size=100, lock=True)
         assert len(expired) == BULK_ROWS // 1000
+
+
+@pytest.mark.postgres
+class TestAdminPlansOnPostgreSQL:
+    """No index reads status: the admin's list and its stuck filter read the others (EXPLAIN)."""
+
+    @pytest.fixture
+    def many_rows(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(POSTGRES_BULK_INSERT, [POSTGRES_BULK_ROWS])
+            cursor.execute("ANALYZE idempotency_idempotencyrecord")
+
+    def test_the_stuck_filter_reads_the_lease_and_unexpiring_indexes(self, many_rows):
+        plan = str(IdempotencyRecord.objects.stuck().order_by("-created_at")[:50].explain())
+        assert "idempotency_leased_idx" in plan and "idempotency_unexpiring_idx" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+    def test_the_newest_first_list_reads_the_created_index(self, many_rows):
+        page = IdempotencyRecord.objects.filter(status="SUCCEEDED").order_by("-created_at")[:50]
+        plan = str(page.explain())
+        assert "Index Scan Backward using idempotency_created_idx" in plan, plan
