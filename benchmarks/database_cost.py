@@ -32,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -81,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         scripts[BEFORE] = _before_script(scripts[floor.PROTECTED])
         _print_scripts(scripts)
         tps = floor.measure(database, args.rounds, args.seconds, args.clients, scripts)
+        print(_tps_table(tps), end="\n\n", flush=True)
         work = _work(database, scripts, args.rounds, args.transactions)
-        print(_tps_table(tps), _work_table(work, args.transactions), sep="\n\n")
-        print()
-        print(plans(args.rows))
+        print(_work_table(work, args.transactions), end="\n\n", flush=True)
+        print(plans(args.rows), flush=True)
     finally:
         if not args.keep_database:
             database.drop()
@@ -173,20 +174,19 @@ def _work(
     if pgbench is None:
         raise RuntimeError("pgbench was not found on PATH")
     bulk.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    # Keeps the WAL of the runs until it is read (a checkpoint may recycle it meanwhile);
+    # temporary: it goes with this session.
+    bulk.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", [database.name])
     for table in ("shop_order", bulk.TABLE, BEFORE_TABLE):  # dead tuples stay countable
         bulk.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
     relations = _relations()
     work = {name: Work() for name in scripts}
-    folder = Path(database.name + "-scripts")
-    folder.mkdir(exist_ok=True)
-    try:
+    with tempfile.TemporaryDirectory() as folder:
         for round_ in range(rounds):
             for name in rotated(ORDER, round_):
-                path = folder / f"{ORDER.index(name)}.sql"
+                path = Path(folder) / f"{ORDER.index(name)}.sql"
                 path.write_text(scripts[name])
                 _one_run(pgbench, database, path, transactions, relations, work[name])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     return work
 
 
