@@ -2,8 +2,9 @@
 
 ``EXPLAIN (ANALYZE, BUFFERS)`` of the statements this app sends, each in a
 transaction rolled back, on ``rows`` records in known shapes (filled with
-``generate_series``): 1% expired, 1% created 30 days ago, 0.5% ``PROCESSING``
-in lease mode of which a fifth lost their lease; the rest finished and live.
+``generate_series``, one creation time and lease end each): 1% expired, 1%
+created 30 days ago, 0.5% ``PROCESSING`` in lease mode of which a fifth lost
+their lease, none ``NEEDS_REVIEW``; the rest finished and live.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ SELECT
     CASE WHEN i %% 200 = 7 THEN 'PROCESSING' ELSE 'SUCCEEDED' END,
     md5(i::text),
     CASE
-        WHEN i %% 1000 = 7 THEN now() - interval '1 minute'
-        WHEN i %% 200 = 7 THEN now() + interval '1 minute'
+        WHEN i %% 1000 = 7 THEN now() - interval '1 minute' - i * interval '1 microsecond'
+        WHEN i %% 200 = 7 THEN now() + interval '1 minute' + i * interval '1 microsecond'
     END,
     201, '[]'::jsonb, i::text, 1, 0, 1,
-    CASE WHEN i %% 100 = 3 THEN now() - interval '30 days' ELSE now() - interval '1 hour' END,
+    CASE WHEN i %% 100 = 3 THEN now() - interval '30 days' ELSE now() - interval '2 hours' END
+        + i * interval '0.5 millisecond',
     now(), now(),
     CASE
         WHEN i %% 200 = 7 THEN NULL
@@ -86,6 +88,9 @@ def _plans() -> dict[str, str]:
         # The admin's first page (newest first): no index reads status any more.
         "The admin's list, filtered by a common status": _explain(_page(status="SUCCEEDED")),
         "The admin's list, filtered by a rare status": _explain(_page(status="PROCESSING")),
+        "The admin's list, filtered by a status no record has": _explain(
+            _page(status="NEEDS_REVIEW")
+        ),
         "The admin's stuck filter": _explain(_records().stuck().order_by("-created_at")[:50]),
     }
 
