@@ -330,11 +330,12 @@ class PostgresStore(GenericStore):
         # The request's own values are parameters, in _PER_REQUEST_ORDER (as ``claim``
         # passes them); the columns every new record starts with the same are
         # literals, prepared and quoted once here: fewer parameters to adapt per claim.
+        # A column left NULL is left out (the table has no defaults): less to plan.
         given = {"lease_until"} if leased else set()
         given |= {"expires_at"} if expires else set()
         fields = [
             *(_field(name) for name in _PER_REQUEST_ORDER),
-            *(f for f in _inserted() if f.name not in _PER_REQUEST and f.name not in given),
+            *(f for f in _inserted() if f.name not in _PER_REQUEST | given and _set(self, f)),
         ]
         columns = [self._column(field.name) for field in fields]
         values = [self._literal(field.name) for field in fields]
@@ -428,6 +429,11 @@ class PostgresStore(GenericStore):
 
     def _quote(self, name: str | None) -> str:
         return self.connection.ops.quote_name(str(name))  # the model's own names
+
+
+def _set(store: PostgresStore, field: Field[Any, Any]) -> bool:
+    """Whether a new record's ``field`` starts other than NULL."""
+    return field.name in _DATABASE_CLOCK or store._defaults[field.name] is not None
 
 
 def _every_field() -> list[Field[Any, Any]]:
