@@ -98,8 +98,8 @@ def test_lease_mode_claims_in_one_committed_statement():
         attempts: list[Attempt] = []
         run(operation(mode="lease"), lambda attempt: attempts.append(attempt))
     statements = [query["sql"].split()[0].upper() for query in queries]
-    # the claim (one INSERT, committed by itself), then the finish
-    assert statements == ["INSERT", "UPDATE"]
+    # the claim (one statement that also reads a taken key, committed by itself), the finish
+    assert statements == ["WITH", "UPDATE"]
     record = IdempotencyRecord.objects.get()
     assert record.status == Status.SUCCEEDED
     assert attempts[0].record.lease_until is not None  # the lease was taken by the claim
@@ -194,8 +194,14 @@ def our_prepared_statements() -> list[str]:
 
 
 @pytest.mark.session
-@pytest.mark.parametrize("mode", ["atomic", "lease"])
-def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own_session, mode):
+@pytest.mark.parametrize(
+    ("mode", "prepared"),
+    # atomic mode reads a taken key in a statement of its own
+    [("atomic", ["INSERT", "SELECT", "UPDATE"]), ("lease", ["UPDATE", "WITH"])],
+)
+def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(
+    own_session, mode, prepared
+):
     own_session(**PREPARING)  # as a deployment turns preparing on
     assert run(operation(mode=mode)) == "ran"
     # (a rollback, as here in atomic mode, makes psycopg deallocate what it prepared)
@@ -204,10 +210,8 @@ def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own
     assert run(operation(mode=mode, key="k-2")) == "ran"
     assert run(operation(mode=mode)) == "replayed"
     statements = our_prepared_statements()
-    # one prepared statement each (the claim, the read of a taken key, the finish),
-    # reused by every later request on this session
-    verbs = sorted(statement.split()[0].upper() for statement in statements)
-    assert verbs == ["INSERT", "SELECT", "UPDATE"]
+    # one prepared statement each, reused by every later request on this session
+    assert sorted(statement.split()[0].upper() for statement in statements) == prepared
     assert IdempotencyRecord.objects.filter(status=Status.SUCCEEDED).count() == 2
 
 

@@ -50,6 +50,12 @@ _JSON = frozenset({"response_headers"})
 _NOW = "STATEMENT_TIMESTAMP()"
 # Where the claim keeps the lock_timeout it found, for the rest of the transaction.
 _SAVED = "idempotency.lock_timeout"
+# Puts back the lock_timeout a claim found; a no-op where nothing is saved (the
+# insert committed by itself, and its setting with it).
+_RESTORE = (
+    f"set_config('lock_timeout', COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
+    "current_setting('lock_timeout')), true)"
+)
 
 
 class PostgresStore(GenericStore):
@@ -91,25 +97,35 @@ class PostgresStore(GenericStore):
         lock_timeout: float,
         expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
-        """One short ``INSERT``; a second statement only when the key is taken.
+        """Atomic mode: one short ``INSERT``; a second statement only when the key is taken.
 
         The insert bounds its own wait on a concurrent first attempt (its
         ``status`` value sets ``lock_timeout``, saving the previous value in a
         transaction-local setting of its own) and puts the previous value back
         in its ``RETURNING``. A key already taken returns no row: the read of
         the record holding it puts the value back instead. PostgreSQL plans a
-        ``VALUES`` insert in a fraction of what a statement with CTEs and
-        joins costs, on every request where nothing is prepared.
+        ``VALUES`` insert in a fraction of what a statement with joins costs,
+        on every request where nothing is prepared.
+
+        Lease mode, where duplicates of an attempt in flight are the common
+        case (they wait for its outcome), reads the record holding a taken key
+        in the same statement: one round trip either way, planned dearer.
         """
         leased, expires = lease is not None, expires_in is not None
         params = (*candidate, *((lease,) if leased else ()), *((expires_in,) if expires else ()))
+        statement = self._claim_sql(leased, expires, _milliseconds(lock_timeout))
         with self._cursor() as cursor:
-            cursor.execute(self._claim_sql(leased, expires, _milliseconds(lock_timeout)), params)
-            claimed = cursor.fetchone()
-            if claimed is not None:
-                return self._claimed_record(claimed[0], claimed[1], candidate)
-            cursor.execute(self._conflict_sql, (candidate.scope, candidate.idem_key))
-            _restored, *row = cursor.fetchone()
+            if leased:
+                cursor.execute(statement, (*params, candidate.scope, candidate.idem_key))
+                claimed, lease_until, *row, _restored = cursor.fetchone()
+            else:
+                cursor.execute(statement, params)
+                claimed, lease_until, *row = cursor.fetchone() or (None, None)
+                if claimed is None:
+                    cursor.execute(self._conflict_sql, (candidate.scope, candidate.idem_key))
+                    _restored, *row = cursor.fetchone()
+        if claimed is not None:
+            return self._claimed_record(claimed, lease_until, candidate)
         return self._record(self.connection, row)
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
@@ -352,11 +368,26 @@ class PostgresStore(GenericStore):
         scope, key = self._column("scope"), self._column("idem_key")
         pk, lease_until = self._column("id"), self._column("lease_until")
         # A new record comes back as its id (and lease) alone: the rest is what was inserted.
-        return (
+        insert = (
             f"INSERT INTO {self._table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
             f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}, {lease_until}, "
             f"set_config('lock_timeout', current_setting('{_SAVED}'), true)"
         )
+        if not leased:
+            return insert
+        # The read shares the insert's snapshot: it never sees the row this statement
+        # inserts, only one committed before it, and is answered only when nothing was.
+        return (
+            f"WITH claimed AS ({insert}) SELECT claimed.{pk}, claimed.{lease_until}, record.*, "
+            f"{_RESTORE} FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE "
+            f"LEFT JOIN ({self._holding_sql}) AS record ON claimed.{pk} IS NULL"
+        )
+
+    @cached_property
+    def _holding_sql(self) -> str:
+        every = ", ".join(self._quote(field.column) for field in _every_field())
+        scope, key = self._column("scope"), self._column("idem_key")
+        return f"SELECT {every} FROM {self._table} WHERE {scope} = %s AND {key} = %s"
 
     @cached_property
     def _conflict_sql(self) -> str:
@@ -367,16 +398,9 @@ class PostgresStore(GenericStore):
         where the insert committed by itself (autocommit) nothing is saved and
         the setting is left as it is.
         """
-        every = ", ".join(self._quote(field.column) for field in _every_field())
-        scope, key = self._column("scope"), self._column("idem_key")
-        previous = (
-            f"COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
-            "current_setting('lock_timeout'))"
-        )
         return (
-            f"SELECT set_config('lock_timeout', {previous}, true), record.* "
-            f"FROM (SELECT 1) AS one LEFT JOIN (SELECT {every} FROM {self._table} "
-            f"WHERE {scope} = %s AND {key} = %s) AS record ON TRUE"
+            f"SELECT {_RESTORE}, record.* FROM (SELECT 1) AS one "
+            f"LEFT JOIN ({self._holding_sql}) AS record ON TRUE"
         )
 
     def _literal(self, name: str) -> str:
