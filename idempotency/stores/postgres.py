@@ -1,7 +1,8 @@
 """PostgreSQL: the hot path's statements as SQL composed once per alias.
 
-Each request's claim is one statement and its finish another: the ORM would
-spend more time composing them than PostgreSQL spends running them. They run
+A new key's claim is one short statement and its finish another (a taken
+key's claim reads the record too: in atomic mode in a second statement): the
+ORM would spend more time composing them than PostgreSQL spends running them. They run
 on Django's own cursor: where the connection's ``OPTIONS`` turn on
 ``server_side_binding`` and psycopg 3's ``prepare_threshold``, PostgreSQL
 plans each once per connection (planning the claim costs more than running it).
