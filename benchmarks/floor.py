@@ -4,7 +4,8 @@ The statements are the ones Django and this app send for the order create,
 captured from one protected create in this process (parameters bound
 client-side, as Django binds them by default). Three scripts: the unprotected
 create (one autocommitted INSERT), the same INSERT in a transaction, and the
-protected create (BEGIN, claim, INSERT, finish, COMMIT); each run with
+protected create (BEGIN, claim, INSERT, finish, COMMIT; a new key each time,
+so the claim is its one INSERT); each run with
 pgbench's simple protocol (parsed and planned every time, as behind Django's
 default connections) and prepared (planned once per connection, as with
 ``prepare_threshold``), in alternating rounds.
@@ -45,15 +46,21 @@ class FloorResult:
         return statistics.median(self.tps[name]) if self.tps.get(name) else float("nan")
 
 
-def measure(database: Database, rounds: int, seconds: int, clients: int) -> FloorResult:
-    """Needs Django set up on ``database`` (``bulk.setup_django``)."""
+def measure(
+    database: Database,
+    rounds: int,
+    seconds: int,
+    clients: int,
+    scripts: dict[str, str] | None = None,
+) -> FloorResult:
+    """Needs Django set up on ``database`` (``bulk.setup_django``); ``scripts``: ``scripts()``'s."""
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         return FloorResult(missing="pgbench was not found on PATH: the floor was not measured.")
     result = FloorResult(clients=clients)
     with tempfile.TemporaryDirectory() as folder:
         runs = {}
-        for index, (name, script) in enumerate(_scripts().items()):
+        for index, (name, script) in enumerate((scripts or build_scripts()).items()):
             path = Path(folder) / f"script{index}.sql"
             path.write_text(script)
             for protocol in PROTOCOLS:
@@ -66,24 +73,27 @@ def measure(database: Database, rounds: int, seconds: int, clients: int) -> Floo
     return result
 
 
-def _scripts() -> dict[str, str]:
+def build_scripts() -> dict[str, str]:
+    """pgbench's script of each measurement: each transaction takes a new key."""
     key = f"floor-{uuid.uuid4().hex}"
-    insert, claim, finish = _captured_statements(key)
+    insert, claim, finish = captured_statements(key)
     # The claim returns the new record's id: pgbench's \gset makes each column a
-    # variable, and the finish uses :claimed_id. Each transaction takes a new key.
+    # variable, and the finish uses :id.
     claim = claim.replace(f"'{key}'", "'floor-' || :k")
-    finish = re.sub(r'"id" = \d+', '"id" = :claimed_id', finish, count=1)
+    finish = re.sub(r'"id" = \d+', '"id" = :id', finish, count=1)
     return {
         UNPROTECTED: f"{insert};\n",
         TRANSACTION: f"BEGIN;\n{insert};\nCOMMIT;\n",
-        PROTECTED: (
-            "\\set k random(1, 1000000000000)\n"
-            f"BEGIN;\n{claim} \\gset\n{insert};\n{finish};\nCOMMIT;\n"
-        ),
+        PROTECTED: protected_script(claim, insert, finish),
     }
 
 
-def _captured_statements(key: str) -> tuple[str, str, str]:
+def protected_script(claim: str, insert: str, finish: str) -> str:
+    lines = ["\\set k random(1, 1000000000000)", "BEGIN;", f"{claim} \\gset"]
+    return "\n".join([*lines, f"{insert};", f"{finish};", "COMMIT;", ""])
+
+
+def captured_statements(key: str) -> tuple[str, str, str]:
     """The order INSERT, the claim and the finish, as sent for one protected create."""
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -91,7 +101,7 @@ def _captured_statements(key: str) -> tuple[str, str, str]:
 
     from example_project.shop.models import Order
     from idempotency.core import Operation, Outcome, StoredResponse, execute
-    from idempotency.models import Status
+    from idempotency.models import IdempotencyRecord, Status
 
     user = get_user_model().objects.get(username=USER)
     operation = Operation(
@@ -110,10 +120,12 @@ def _captured_statements(key: str) -> tuple[str, str, str]:
             replay=lambda record: None,
         )
     # One line each: pgbench ends a meta command (\gset) at the end of its line.
-    by_verb = {
-        query["sql"].split()[0].upper(): query["sql"].replace("\n", " ") for query in queries
-    }
-    return by_verb["INSERT"], by_verb["WITH"], by_verb["UPDATE"]
+    sent = [" ".join(query["sql"].split()) for query in queries]
+    records = f'INSERT INTO "{IdempotencyRecord._meta.db_table}"'
+    (claim,) = [sql for sql in sent if sql.startswith(records)]
+    (insert,) = [sql for sql in sent if sql.startswith("INSERT") and sql != claim]
+    (finish,) = [sql for sql in sent if sql.startswith("UPDATE")]
+    return insert, claim, finish
 
 
 def _pgbench(

@@ -240,6 +240,11 @@ def _floor_ratios(floor: FloorResult | None) -> list[Ratio]:
                 floor.median(measurement(PROTECTED, protocol)) / unprotected,
             ),
             Ratio(
+                f"database floor ({protocol}), throughput: protected / BEGIN; INSERT; COMMIT",
+                floor.median(measurement(PROTECTED, protocol))
+                / floor.median(measurement(TRANSACTION, protocol)),
+            ),
+            Ratio(
                 f"database floor ({protocol}), throughput: INSERT in a transaction / alone",
                 floor.median(measurement(TRANSACTION, protocol)) / unprotected,
             ),

@@ -22,6 +22,7 @@ from idempotency.operation import Attempt, Operation, lease_length, lock_timeout
 from idempotency.read_first import replay_share
 from idempotency.recovery import settle
 from idempotency.resolvers import resolver_for
+from idempotency.retention import retention_for
 from idempotency.stores import Candidate
 
 Claimed = tuple["Attempt | None", IdempotencyRecord | None]
@@ -108,7 +109,11 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     lease = lease_length(operation) if operation.mode == "lease" else None
     with ContentionAnswered(operation):
         record = operation.store.claim(
-            _candidate(operation, token), lease=lease, lock_timeout=lock_timeout(operation)
+            _candidate(operation, token),
+            lease=lease,
+            lock_timeout=lock_timeout(operation),
+            # Atomic mode: the record starts with a success's expiry (its finish is then in place).
+            expires_in=retention_for(operation.name, Status.SUCCEEDED) if lease is None else None,
         )
     if record is None or record.owner_token == token:
         return record

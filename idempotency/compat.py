@@ -23,9 +23,7 @@ if TYPE_CHECKING:
     from django.http.response import HttpResponseBase
 
 
-def record_from_row(
-    alias: str, attnames: Sequence[str], values: Sequence[Any]
-) -> IdempotencyRecord:
+def record_from_db(alias: str, attnames: Sequence[str], values: Sequence[Any]) -> IdempotencyRecord:
     """The record a row of ``attnames`` read from ``alias`` holds: ``Model.from_db``, made cheap.
 
     Public path: ``IdempotencyRecord.from_db(alias, attnames, values)``. Its

@@ -26,7 +26,9 @@ class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
     def stuck(self) -> IdempotencyRecordQuerySet:
         return self.filter(
             models.Q(status=Status.PROCESSING, lease_until__lt=Now())
-            | models.Q(status=Status.NEEDS_REVIEW)
+            # A NEEDS_REVIEW record never expires (its transition clears expires_at):
+            # said here so that idempotency_unexpiring_idx serves it, not a table scan.
+            | models.Q(status=Status.NEEDS_REVIEW, expires_at__isnull=True)
         )
 
     def purgeable(self) -> IdempotencyRecordQuerySet:
@@ -77,14 +79,18 @@ class IdempotencyRecord(models.Model):
                 fields=["scope", "idem_key"], name="idempotency_scope_key_uniq"
             ),
         ]
+        # The finish of an atomic-mode create changes no column these indexes read
+        # (status is in none of them; lease_until stays NULL; the claim already set
+        # expires_at): PostgreSQL applies it in place, a HOT update with no new entries.
         indexes = [
-            # Serves the recovery scan: only in-flight rows are indexed (MySQL and
-            # MariaDB have no partial indexes: there status leads the index).
+            # Serves the recovery scan: only rows holding a lease are indexed, and only
+            # lease mode sets one (MySQL and MariaDB have no partial indexes: there
+            # status leads the index).
             PartialIndex(
                 fields=["lease_until"],
-                where=models.Q(status="PROCESSING"),
+                where=models.Q(lease_until__isnull=False),
                 fallback_fields=["status", "lease_until"],
-                name="idempotency_lease_idx",
+                name="idempotency_leased_idx",
             ),
             # Serves purge: only rows that can expire are indexed (elsewhere all rows:
             # the NULLs of unfinished rows sort apart from the range purge reads).
@@ -94,7 +100,17 @@ class IdempotencyRecord(models.Model):
                 fallback_fields=["expires_at"],
                 name="idempotency_expires_idx",
             ),
-            models.Index(fields=["status", "created_at"], name="idempotency_status_idx"),
+            # Serves the admin's list (newest first, its filters read along it) and
+            # purge --older-than. Fixed at the claim.
+            models.Index(fields=["created_at"], name="idempotency_created_idx"),
+            # Serves the admin's stuck filter: the records nothing expires (in flight in
+            # lease mode, needing review, or kept by a retention of None), newest first.
+            PartialIndex(
+                fields=["created_at"],
+                where=models.Q(expires_at__isnull=True),
+                fallback_fields=["expires_at", "created_at"],
+                name="idempotency_unexpiring_idx",
+            ),
         ]
 
     def __str__(self) -> str:

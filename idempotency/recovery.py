@@ -188,7 +188,7 @@ def expired_batch(
 ) -> list[IdempotencyRecord]:
     """The next expired leases after ``after``, oldest first; skips rows another worker holds.
 
-    Read through the partial index ``idempotency_lease_idx`` (PROCESSING rows only).
+    Read through the partial index ``idempotency_leased_idx`` (rows holding a lease only).
     """
     records = IdempotencyRecord.objects.using(database).expired_leases()
     if after is not None:

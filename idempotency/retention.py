@@ -82,7 +82,7 @@ def purgeable(
             expires_at__isnull=False, expires_at__lt=Now(), status__in=chosen
         ).order_by("expires_at")
     else:
-        # The index idempotency_status_idx (status, created_at) serves this.
+        # The index idempotency_created_idx (created_at) serves this.
         records = records.filter(status__in=chosen, created_at__lt=Now() - older_than).order_by(
             "created_at"
         )

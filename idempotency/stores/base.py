@@ -20,7 +20,7 @@ The contract every store keeps:
 - Lease lengths and retention windows are ``timedelta``s added to the
   database's clock, never to this process's.
 - Records a store returns are model instances made by the ORM (a queryset,
-  ``.raw()``, ``Model.from_db`` or ``record_from_row``), bound to ``self.alias``.
+  ``.raw()``, ``Model.from_db`` or ``record_from_db``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
   does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
   error means, and ``core`` decides what to answer (it claims again after a
@@ -42,7 +42,6 @@ from typing import Any, Literal, NamedTuple
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from idempotency.compat import record_from_row
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 
@@ -53,7 +52,7 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Sta
 Contention = Literal["busy", "retry"]
 
 # The stores build records with it (its home is idempotency.compat).
-__all__ = ["Candidate", "Contention", "Store", "record_from_row", "transaction_pooled"]
+__all__ = ["Candidate", "Contention", "Store", "transaction_pooled"]
 
 
 class Candidate(NamedTuple):
@@ -131,13 +130,21 @@ class Store(ABC):
 
     @abstractmethod
     def claim(
-        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
-        """Insert ``candidate``, or read the committed record holding its key, in one statement.
+        """Insert ``candidate``, or read the committed record holding its key.
 
         ``candidate`` carries a fresh ``owner_token``; with ``lease`` the
         record is inserted with its lease taken (``lease_until`` = database
-        clock + ``lease``). The statement
+        clock + ``lease``). With ``expires_in`` (atomic mode: the window of a
+        success) it is inserted with the expiry a success will keep, so that
+        the finish need not change it (a store may ignore it: ``finish`` sets
+        the expiry anyway). The insert
         waits at most ``lock_timeout`` seconds on a concurrent insert of the
         same key, and leaves the connection's own lock wait setting as it found it.
 

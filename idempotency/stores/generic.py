@@ -28,7 +28,12 @@ _SQLITE_BUSY = ("database is locked", "database table is locked")
 
 class GenericStore(Store):
     def claim(
-        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
         return None
 

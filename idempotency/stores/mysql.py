@@ -51,7 +51,12 @@ _RETRY = frozenset({1213})
 
 class MySQLStore(GenericStore):
     def claim(
-        self, candidate: Candidate, *, lease: timedelta | None, lock_timeout: float
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
     ) -> IdempotencyRecord | None:
         return None  # the locked path is the claim
 

@@ -24,7 +24,7 @@ from django.db import connection
 from django.test import Client, override_settings
 
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.stores.postgres import channel
+from idempotency.stores.postgres_waiting import channel
 from idempotency.tasks import purge_expired_records, recover_expired_leases
 from tests import output
 from tests.deployment.support import together

@@ -301,7 +301,7 @@ def run_once(operation: Operation, work: Callable[[Any], Any] = lambda attempt: 
 
 
 def channel_of(user: Any, key: str) -> str:
-    from idempotency.stores.postgres import channel
+    from idempotency.stores.postgres_waiting import channel
 
     return channel(f"user:{user.pk}:tests.notify", key)
 

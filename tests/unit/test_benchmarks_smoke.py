@@ -112,6 +112,19 @@ def test_hot_update_measurement_runs_and_prints_its_table():
     assert "| as shipped (fillfactor 100, every index) |" in result.stdout
 
 
+def test_database_cost_measurement_runs_and_prints_its_tables():
+    result = _run(
+        "benchmarks/database_cost.py",
+        *("--rows", "2000", "--seconds", "1", "--rounds", "1", "--transactions", "20"),
+        *("--clients", "2", "--database", _database("cost")),
+    )
+    for heading in ["## Transactions per second", "## What one transaction writes", "## Plans"]:
+        assert heading in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| BEGIN; claim")]
+    # the protected creates, now and before issue 24, in the tables of speed and of writes
+    assert [row.count("|") for row in rows] == [5, 5, 8, 8]
+
+
 def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a benchmark script as a user would; it must succeed."""
     result = subprocess.run(

@@ -19,7 +19,7 @@ from idempotency import compat
 from idempotency.models import IdempotencyRecord
 from tests.factories import IdempotencyRecordFactory
 
-# --- record_from_row: Model.from_db ---------------------------------------------------
+# --- record_from_db: Model.from_db ---------------------------------------------------
 
 
 def _row(record: IdempotencyRecord, names: list[str]) -> list[Any]:
@@ -39,7 +39,7 @@ def test_a_record_from_a_row_is_the_one_from_db_makes(columns: str) -> None:
     if columns == "some":
         names = names[:5]  # the rest deferred, read on first access by both
     values = _row(stored, names)
-    fast = compat.record_from_row("default", names, values)
+    fast = compat.record_from_db("default", names, values)
     public = IdempotencyRecord.from_db("default", names, values)
     assert _fields(fast) == _fields(public)
     assert fast.get_deferred_fields() == public.get_deferred_fields()
@@ -60,7 +60,7 @@ def test_a_listener_of_init_gets_its_signal_and_the_same_record(signal: Any) -> 
 
     signal.connect(listener, sender=IdempotencyRecord)
     try:
-        fast = compat.record_from_row("default", names, values)
+        fast = compat.record_from_db("default", names, values)
         assert len(heard) == 1
         public = IdempotencyRecord.from_db("default", names, values)
         assert len(heard) == 2

@@ -14,6 +14,8 @@ from idempotency.indexes import PartialIndex
 from idempotency.models import IdempotencyRecord
 from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
+from tests.protocol.test_retention_at_scale import BULK_INSERT as POSTGRES_BULK_INSERT
+from tests.protocol.test_retention_at_scale import BULK_ROWS as POSTGRES_BULK_ROWS
 
 pytestmark = pytest.mark.django_db
 
@@ -31,11 +33,10 @@ def test_no_warning_about_conditions_on_any_database():
 
 
 def test_the_lease_index_is_partial_or_leads_with_status():
-    sql = index_sql("idempotency_lease_idx")
+    sql = index_sql("idempotency_leased_idx")
     quote = connection.ops.quote_name
     if connection.features.supports_partial_indexes:
-        assert f"({quote('lease_until')}) WHERE" in sql
-        assert "PROCESSING" in sql
+        assert f"({quote('lease_until')}) WHERE {quote('lease_until')} IS NOT NULL" in sql
     else:
         assert f"({quote('status')}, {quote('lease_until')})" in sql
         assert "WHERE" not in sql
@@ -48,13 +49,28 @@ def test_the_expiry_index_is_partial_or_plain():
 
 
 def test_the_migrated_database_has_the_indexes_its_features_call_for():
-    # Built by the migrations: 0003 rebuilt the lease index where partial indexes are missing.
+    # Built by the migrations: 0004 rebuilt the lease index (renamed it where partial
+    # indexes are missing) and put the created_at index in place of (status, created_at).
     with connection.cursor() as cursor:
         table = connection.introspection.get_constraints(cursor, IdempotencyRecord._meta.db_table)
     partial = connection.features.supports_partial_indexes
     lease = ["lease_until"] if partial else ["status", "lease_until"]
-    assert table["idempotency_lease_idx"]["columns"] == lease
+    assert table["idempotency_leased_idx"]["columns"] == lease
     assert table["idempotency_expires_idx"]["columns"] == ["expires_at"]
+    assert table["idempotency_created_idx"]["columns"] == ["created_at"]
+    assert {"idempotency_lease_idx", "idempotency_status_idx"}.isdisjoint(table)
+
+
+def test_no_index_reads_a_column_an_atomic_mode_finish_changes():
+    """What lets PostgreSQL apply the finish in place (HOT): an index that reads a column
+    the UPDATE changes, in its columns or its condition, makes it write new index entries."""
+    changed = {"status", "response_status", "response_headers", "response_body"}
+    changed |= {"resource_id", "completed_at", "updated_at", "version"}
+    for index in IdempotencyRecord._meta.indexes:
+        read = set(index.partial_fields if isinstance(index, PartialIndex) else index.fields)
+        where = index.where if isinstance(index, PartialIndex) else index.condition
+        read |= {lookup.split("__")[0] for lookup, _value in (where.children if where else [])}
+        assert not read & changed, index.name
 
 
 def test_deconstructs_to_what_it_was_built_from():
@@ -134,10 +150,10 @@ class TestQueryPlansOnMariaDB:
         assert IdempotencyRecord.objects.count() == BULK_ROWS - BULK_ROWS // 100
         assert not purgeable().exists()
 
-    def test_purge_older_than_reads_the_status_index(self, many_rows):
+    def test_purge_older_than_reads_the_created_index(self, many_rows):
         records = purgeable(older_than=timedelta(days=7))
         plan = self.plan(batch(records, 1000).values_list("pk", flat=True))
-        assert " range " in plan and " idempotency_status_idx " in plan, plan
+        assert " range " in plan and " idempotency_created_idx " in plan, plan
 
     def test_the_delete_goes_by_primary_key(self, many_rows):
         pks = list(purgeable().values_list("pk", flat=True)[:1000])
@@ -151,8 +167,29 @@ class TestQueryPlansOnMariaDB:
             .order_by("lease_until", "pk")[:100]
         )
         plan = self.plan(query)
-        assert " range " in plan and " idempotency_lease_idx " in plan, plan
+        assert " range " in plan and " idempotency_leased_idx " in plan, plan
         assert "filesort" not in plan, plan  # (status, lease_until, pk) is the scan's order
         with transaction.atomic():
             expired = expired_batch("default", after=None, size=100, lock=True)
         assert len(expired) == BULK_ROWS // 1000
+
+
+@pytest.mark.postgres
+class TestAdminPlansOnPostgreSQL:
+    """No index reads status: the admin's list and its stuck filter read the others (EXPLAIN)."""
+
+    @pytest.fixture
+    def many_rows(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(POSTGRES_BULK_INSERT, [POSTGRES_BULK_ROWS])
+            cursor.execute("ANALYZE idempotency_idempotencyrecord")
+
+    def test_the_stuck_filter_reads_the_lease_and_unexpiring_indexes(self, many_rows):
+        plan = str(IdempotencyRecord.objects.stuck().order_by("-created_at")[:50].explain())
+        assert "idempotency_leased_idx" in plan and "idempotency_unexpiring_idx" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+    def test_the_newest_first_list_reads_the_created_index(self, many_rows):
+        page = IdempotencyRecord.objects.filter(status="SUCCEEDED").order_by("-created_at")[:50]
+        plan = str(page.explain())
+        assert "Index Scan Backward using idempotency_created_idx" in plan, plan

@@ -97,6 +97,7 @@ LAYERS: list[set[str]] = [
         "idempotency.stores.generic",
         "idempotency.stores.mysql",
         "idempotency.stores.postgres",
+        "idempotency.stores.postgres_waiting",
         "idempotency.replay_cache",
         "idempotency.retention",
         "idempotency.transitions",

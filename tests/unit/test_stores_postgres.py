@@ -18,6 +18,7 @@ from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execut
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.retention import retention_for
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -97,7 +98,7 @@ def test_lease_mode_claims_in_one_committed_statement():
         attempts: list[Attempt] = []
         run(operation(mode="lease"), lambda attempt: attempts.append(attempt))
     statements = [query["sql"].split()[0].upper() for query in queries]
-    # the claim (one WITH ... INSERT statement, committed by itself), then the finish
+    # the claim (one statement that also reads a taken key, committed by itself), the finish
     assert statements == ["WITH", "UPDATE"]
     record = IdempotencyRecord.objects.get()
     assert record.status == Status.SUCCEEDED
@@ -108,7 +109,7 @@ def test_atomic_mode_claims_in_one_statement_inside_its_transaction():
     with CaptureQueriesContext(connection) as queries:
         run(operation())
     statements = [query["sql"].split()[0].upper() for query in queries]
-    assert statements == ["BEGIN", "WITH", "UPDATE", "COMMIT"]
+    assert statements == ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
 
 
 def test_a_replay_takes_no_row_lock():
@@ -193,8 +194,14 @@ def our_prepared_statements() -> list[str]:
 
 
 @pytest.mark.session
-@pytest.mark.parametrize("mode", ["atomic", "lease"])
-def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own_session, mode):
+@pytest.mark.parametrize(
+    ("mode", "prepared"),
+    # atomic mode reads a taken key in a statement of its own
+    [("atomic", ["INSERT", "SELECT", "UPDATE"]), ("lease", ["UPDATE", "WITH"])],
+)
+def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(
+    own_session, mode, prepared
+):
     own_session(**PREPARING)  # as a deployment turns preparing on
     assert run(operation(mode=mode)) == "ran"
     # (a rollback, as here in atomic mode, makes psycopg deallocate what it prepared)
@@ -204,7 +211,7 @@ def test_where_the_connection_prepares_the_claim_and_finish_are_planned_once(own
     assert run(operation(mode=mode)) == "replayed"
     statements = our_prepared_statements()
     # one prepared statement each, reused by every later request on this session
-    assert sorted(statement.split()[0].upper() for statement in statements) == ["UPDATE", "WITH"]
+    assert sorted(statement.split()[0].upper() for statement in statements) == prepared
     assert IdempotencyRecord.objects.filter(status=Status.SUCCEEDED).count() == 2
 
 
@@ -223,20 +230,20 @@ def test_a_new_record_is_the_row_the_claim_inserted():
         run(operation(method="POST", path="/things/"), lambda attempt: attempts.append(attempt))
     assert [query["sql"].split()[0].upper() for query in queries] == [
         "BEGIN",
-        "WITH",
+        "INSERT",
         "UPDATE",
         "COMMIT",
     ]
     claimed, row = attempts[0].record, IdempotencyRecord.objects.get()
     assert claimed.pk == row.pk
-    assert claimed.get_deferred_fields() == {"created_at", "updated_at"}
+    assert claimed.get_deferred_fields() == {"created_at", "updated_at", "expires_at"}
     for name in ["scope", "idem_key", "operation", "request_hash", "request_method"]:
         assert getattr(claimed, name) == getattr(row, name)
     assert (claimed.request_path, claimed.owner_token) == ("/things/", row.owner_token)
     assert (claimed.attempts, claimed.version, claimed.response_headers) == (1, 1, [])
     assert claimed.lease_until is None and claimed.resource_id == ""
     assert claimed.created_at == row.created_at  # read now, by the ORM
-    assert claimed.get_deferred_fields() == {"updated_at"}
+    assert claimed.get_deferred_fields() == {"updated_at", "expires_at"}
 
 
 def test_atomic_claim_and_finish_share_one_cursor():
@@ -262,3 +269,31 @@ def test_a_protected_call_inside_another_finishes_both_on_the_shared_cursor():
     assert run(inner) == "replayed"
     statuses = dict(IdempotencyRecord.objects.values_list("idem_key", "status"))
     assert statuses == {"outer": Status.SUCCEEDED, "inner": Status.SUCCEEDED}
+
+
+def updates_in_this_transaction() -> tuple[int, int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+            [IdempotencyRecord._meta.db_table],
+        )
+        updated, hot = cursor.fetchone()
+    return int(updated), int(hot)
+
+
+def test_an_atomic_mode_finish_is_applied_in_place():
+    """No index reads a column the finish changes: a HOT update, no new index entries."""
+    with transaction.atomic():
+        before = updates_in_this_transaction()
+        run(operation())
+        after = updates_in_this_transaction()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    record = IdempotencyRecord.objects.get()
+    # the expiry a success keeps, set by the claim and counted from it
+    assert record.expires_at == record.created_at + retention_for("things.create", "SUCCEEDED")
+
+
+def test_a_lease_mode_finish_counts_the_retention_from_the_finish():
+    run(operation(mode="lease"))
+    record = IdempotencyRecord.objects.get()
+    assert record.expires_at == record.completed_at + retention_for("things.create", "SUCCEEDED")
