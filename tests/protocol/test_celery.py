@@ -122,6 +122,28 @@ def test_expected_failures_keep_the_reused_key():
     assert IdempotentTask.throws == (KeyReused,)
 
 
+def test_a_base_whose_call_would_shadow_ours_is_refused():
+    from celery import Task
+
+    class ContextTask(Task):
+        # The common pattern: runs the task itself, never reaching IdempotentTask.__call__.
+        def __call__(self, *args, **kwargs):
+            return self.run(*args, **kwargs)
+
+    with pytest.raises(ImproperlyConfigured) as refused:
+
+        class Shadowed(ContextTask, IdempotentTask):
+            pass
+
+    assert "ContextTask.__call__ comes before IdempotentTask.__call__" in str(refused.value)
+    assert "Put IdempotentTask first" in str(refused.value)
+
+    class Ordered(IdempotentTask, ContextTask):  # ours wraps theirs: accepted
+        pass
+
+    assert Ordered.__call__ is IdempotentTask.__call__
+
+
 def test_a_task_without_a_key_function_fails_when_the_worker_loads_it():
     def keyless() -> None: ...
 
