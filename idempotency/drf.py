@@ -71,7 +71,8 @@ def refuse_shadowing(view: type) -> None:
             raise ImproperlyConfigured(
                 f"{view.__module__}.{view.__qualname__}: DRF's {drf[0].__qualname__}.{name} "
                 f"comes before {ours.__qualname__}.{name} among its bases, so DRF's runs and "
-                "the mixin's never does (for create: no protection at all). Put {mixin.__qualname__} before the DRF classes: "
+                f"the mixin's never does (for create: no protection at all). Put "
+                f"{mixin.__qualname__} before the DRF classes: "
                 f"class {view.__name__}({mixin.__qualname__}, <the DRF classes>)."
             )
 
