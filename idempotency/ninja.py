@@ -253,7 +253,7 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _unreadable(request: HttpRequest) -> HttpResponseBase | None:
-    """The problem answer to a JSON body nested too deeply, before ninja's parser reads it."""
+    """The problem answer to a JSON body nested too deeply or not UTF-8, before ninja parses it."""
     if request.method in SAFE_METHODS:
         return None
     try:

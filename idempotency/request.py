@@ -197,7 +197,8 @@ def json_body(request: AnyRequest) -> Any:
     ``UNPARSED`` when the request is not JSON or its body was already read as a
     stream (a framework's parse is used then), ``_NOT_JSON`` when it is malformed
     (the view rejects it; the raw bytes fingerprint it). ``RequestInvalid`` when it
-    nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
+    nests deeper than ``MAX_BODY_DEPTH`` or its bytes are not valid UTF-8 (surrogates
+    included): every adapter calls this before the view runs. Parsed once per request.
     """
     django_request = django_request_of(request)
     cached = getattr(django_request, "_idempotency_json", UNPARSED)
