@@ -102,6 +102,28 @@ def test_a_task_key_function_returning_none_fails_naming_it():
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.django_db
+def test_a_task_key_function_that_raises_fails_naming_it():
+    from idempotency import KeyInvalid
+
+    runs: list[dict] = []
+
+    def handle_event(event: dict) -> None:
+        runs.append(event)
+
+    bare = Celery("bare", set_as_current=False)
+    handle = bare.task(
+        base=IdempotentTask, name="tests.handle_event", idempotency_key=lambda event: event["id"]
+    )(handle_event)
+
+    keyless = handle.apply(({"amount": 1},))  # an event without an id
+    assert keyless.state == "FAILURE"
+    assert isinstance(keyless.result, KeyInvalid), keyless.result
+    assert "of tests.handle_event" in keyless.result.detail
+    assert "raised KeyError: 'id'" in keyless.result.detail
+    assert runs == [] and not IdempotencyRecord.objects.exists()
+
+
 @pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_a_database_outage_is_retried_and_makes_one_order():
