@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "FINGERPRINT_FUNCTION": "idempotency.http.default_fingerprint",
     "OUTCOME_POLICY": "idempotency.http.default_outcome_policy",
     "ERROR_FORMAT": "problem",
+    # Stripe's name; the IETF draft's conformance profile checks "Idempotency-Replayed".
+    "REPLAYED_HEADER": "Idempotent-Replayed",
     "DATABASE": None,
     "TRANSACTION_POOLING": None,
     "RESOLVERS": {},
@@ -72,6 +74,10 @@ DEFAULTS: dict[str, Any] = {
     "SHARDS": None,
     "WRITE_GUARD": None,
 }
+
+# The response header that says a replay's body was not stored (``MAX_RESPONSE_BYTES``):
+# ``Idempotency-Replay: omitted``, as the IETF draft's community profile names it.
+OMITTED_HEADER = "Idempotency-Replay"
 
 # Headers that carry a session or a credential: never stored, never replayed,
 # whatever REPLAY_HEADERS says.
@@ -174,6 +180,7 @@ class Settings:
     FINGERPRINT_FUNCTION = _Setting(lambda value: load_callable(value, "FINGERPRINT_FUNCTION"))
     OUTCOME_POLICY = _Setting(lambda value: load_callable(value, "OUTCOME_POLICY"))
     ERROR_FORMAT = _Setting(str)
+    REPLAYED_HEADER = _Setting(str)
     DATABASE = _Setting(_optional_str)
     TRANSACTION_POOLING = _Setting(_optional_bool)
     RESOLVERS: _Setting[dict[str, str]] = _Setting(dict)

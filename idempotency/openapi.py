@@ -2,8 +2,9 @@
 
 Plain dicts (OpenAPI 3.0 and 3.1 alike), shared by the drf-spectacular and the
 django-ninja integrations: the key header with the operation's expiry policy,
-the problem responses with their codes, ``Retry-After`` on 409 and
-``Idempotent-Replayed`` on 2xx. A status the framework answers too (DRF's 400
+the problem responses with their codes, ``Retry-After`` on 409, and on 2xx
+the replay marker (``REPLAYED_HEADER``, ``Idempotent-Replayed`` by default) and
+``Idempotency-Replay: omitted``. A status the framework answers too (DRF's 400
 and ninja's 422 validation errors) documents both bodies as ``oneOf``
 alternatives, so a generated client parses either.
 """
@@ -14,8 +15,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from idempotency.conf import idempotency_settings
-from idempotency.http import REPLAYED_HEADER, SAFE_METHODS
+from idempotency.conf import OMITTED_HEADER, idempotency_settings
+from idempotency.http import SAFE_METHODS
 from idempotency.models import Status
 from idempotency.options import IdempotencyOptions
 from idempotency.retention import retention_for
@@ -222,10 +223,21 @@ def replayed_header() -> Schema:
     }
 
 
-def success_headers(statuses: Iterable[int | str]) -> dict[int | str, Schema]:
-    """``Idempotent-Replayed`` on each 2xx among ``statuses``."""
+def omitted_header() -> Schema:
     return {
-        status: {"headers": {REPLAYED_HEADER: replayed_header()}}
-        for status in statuses
-        if str(status).startswith("2")
+        "description": "`omitted` on a replay whose body was not stored (larger than the "
+        "server's `MAX_RESPONSE_BYTES`): the status and headers are the first response's, "
+        "the body is empty. Absent otherwise.",
+        "schema": {"type": "string", "enum": ["omitted"]},
+    }
+
+
+def success_headers(statuses: Iterable[int | str]) -> dict[int | str, Schema]:
+    """The replay marker (``REPLAYED_HEADER``) and ``Idempotency-Replay`` on each 2xx."""
+    headers = {
+        idempotency_settings.REPLAYED_HEADER: replayed_header(),
+        OMITTED_HEADER: omitted_header(),
+    }
+    return {
+        status: {"headers": dict(headers)} for status in statuses if str(status).startswith("2")
     }

@@ -23,6 +23,7 @@ from idempotency.conf import (
     FORBIDDEN_REPLAY_HEADERS,
     IN_FLIGHT,
     MODES,
+    OMITTED_HEADER,
     is_header_name,
     load_callable,
 )
@@ -125,6 +126,20 @@ def _callable_path(name: str, error_id: str) -> Check:
         return []
 
     return check
+
+
+def _replayed_header(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("REPLAYED_HEADER", DEFAULTS["REPLAYED_HEADER"])
+    key_header = str(user.get("HEADER", DEFAULTS["HEADER"])).lower()
+    if is_header_name(value) and value.lower() not in {key_header, OMITTED_HEADER.lower()}:
+        return []
+    return _error(
+        f"IDEMPOTENCY['REPLAYED_HEADER'] should be an HTTP header name of its own, not {value!r}.",
+        hint="The response header that marks a replay: 'Idempotent-Replayed' (Stripe's, the "
+        "default) or 'Idempotency-Replayed' (the IETF draft's conformance profile); neither "
+        f"HEADER nor {OMITTED_HEADER!r}.",
+        id="idempotency.E037",
+    )
 
 
 def _max_key_length(user: dict[str, Any]) -> list[CheckMessage]:
@@ -291,6 +306,7 @@ def _write_guard(user: dict[str, Any]) -> list[CheckMessage]:
 CHECKS: list[Check] = [
     _unknown_keys,
     _header,
+    _replayed_header,
     _max_key_length,
     _boolean("REQUIRE_KEY", "idempotency.E005"),
     _choice("MODE", MODES, "idempotency.E006"),

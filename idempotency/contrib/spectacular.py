@@ -9,7 +9,8 @@ A project that has its own ``AutoSchema`` puts ``IdempotencySchemaMixin`` first
 among its bases instead. Each protected operation (``create`` of a view with
 ``IdempotentCreateMixin``, the unsafe methods of an ``@idempotent`` view or
 action) gets the key header, the 400/409/422 problem responses with their codes,
-``Retry-After`` on 409 and ``Idempotent-Replayed`` on its 2xx responses; every
+``Retry-After`` on 409 and the replay headers (``REPLAYED_HEADER``,
+``Idempotency-Replay``) on its 2xx responses; every
 other operation is left as drf-spectacular describes it.
 """
 

@@ -74,7 +74,17 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E035", {"SHARDS": ["default", "no-such-alias"]}),
     ("idempotency.E035", {"SHARDS": []}),
     ("idempotency.E036", {"WRITE_GUARD": "on"}),
+    ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency Replayed"}),
+    ("idempotency.E037", {"REPLAYED_HEADER": None}),
+    ("idempotency.E037", {"REPLAYED_HEADER": "idempotency-key"}),  # the key's own header
+    ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency-Replay"}),  # the omitted marker
 ]
+
+
+@pytest.mark.parametrize("name", ["Idempotency-Replayed", "Idempotent-Replayed", "X-Replayed"])
+def test_a_replay_marker_of_its_own_is_accepted(name):
+    with override_settings(IDEMPOTENCY={"REPLAYED_HEADER": name}):
+        assert our_errors() == []
 
 
 def our_errors() -> list[str]:

@@ -389,6 +389,20 @@ class TestOpenAPI:
         (header,) = generated["paths"]["/x"]["post"]["parameters"]
         assert (header["required"], header["schema"]["maxLength"]) == (False, 64)
 
+    @override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"})
+    def test_the_replay_headers_are_named_as_configured(self):
+        other = NinjaAPI(urls_namespace="tests-ninja-replayed")
+
+        @other.post("/x")
+        @idempotent()
+        def create(request):
+            return {}
+
+        generated = other.get_openapi_schema(path_prefix="")
+        headers = generated["paths"]["/x"]["post"]["responses"][200]["headers"]
+        assert set(headers) == {"Idempotency-Replayed", "Idempotency-Replay"}
+        assert headers["Idempotency-Replay"]["schema"]["enum"] == ["omitted"]
+
 
 @pytest.mark.django_db(transaction=True)
 class TestAsyncOperations:

@@ -120,6 +120,15 @@ def test_other_operations_are_left_alone(schema, path, method):
         assert "Idempotent-Replayed" not in response.get("headers", {})
 
 
+def test_the_replay_headers_are_named_as_configured():
+    with override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"}):
+        generated = generate()
+    headers = generated["paths"]["/orders/"]["post"]["responses"]["201"]["headers"]
+    assert {"Idempotency-Replayed", "Idempotency-Replay"} <= set(headers)
+    assert "Idempotent-Replayed" not in headers
+    assert headers["Idempotency-Replay"]["schema"]["enum"] == ["omitted"]
+
+
 def test_problem_responses_carry_their_codes_and_retry_after(schema):
     responses = schema["paths"]["/orders/"]["post"]["responses"]
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
