@@ -94,8 +94,9 @@ def replay_response(record: IdempotencyRecord) -> HttpResponse:
     A body that was not stored (larger than ``MAX_RESPONSE_BYTES``, streamed) is
     replayed empty, and says so: ``Idempotency-Replay: omitted``.
     """
-    omitted = record.response_body is None
-    body = b"" if omitted else bytes(record.response_body)
+    stored = record.response_body
+    omitted = stored is None
+    body = b"" if stored is None else bytes(stored)
     response = HttpResponse(body, status=record.response_status or 200)
     if omitted:
         del response["Content-Type"]
