@@ -11,6 +11,7 @@ alternatives, so a generated client parses either.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -41,6 +42,28 @@ _ERROR_DESCRIPTIONS = {
     409: "A request with this idempotency key is still in flight; retry after `Retry-After`.",
     422: "This idempotency key was already used with a different request.",
 }
+
+
+def error_schema() -> Schema:
+    """The body of every idempotency error: the problem's, or the one the renderer declares.
+
+    An ``ERROR_FORMAT`` renderer (a callable) declares its body by an ``openapi_schema``
+    attribute, a JSON schema (and a ``media_type``, ``application/json`` by default).
+    """
+    declared = _declared(idempotency_settings.ERROR_FORMAT)
+    return copy.deepcopy(declared[0]) if declared else problem_schema()
+
+
+def error_media_type() -> str:
+    declared = _declared(idempotency_settings.ERROR_FORMAT)
+    return declared[1] if declared else PROBLEM_MEDIA_TYPE
+
+
+def _declared(render: Any) -> tuple[Schema, str] | None:
+    schema = getattr(render, "openapi_schema", None) if callable(render) else None
+    if not isinstance(schema, dict):
+        return None
+    return schema, str(getattr(render, "media_type", JSON_MEDIA_TYPE))
 
 
 def problem_schema() -> Schema:
@@ -195,12 +218,12 @@ def error_responses(
     for status, codes in ERROR_CODES.items():
         listed = ", ".join(f"`{code}`" for code in codes)
         description = f"{_ERROR_DESCRIPTIONS[status]} Codes: {listed}."
-        content: Schema = {PROBLEM_MEDIA_TYPE: {"schema": problem}}
+        content: Schema = {error_media_type(): {"schema": problem}}
         if framework and status in framework:
             other, explained = framework[status]
             description = f"{description} Or {explained}"
             either = {"oneOf": [problem, other]}
-            content = {PROBLEM_MEDIA_TYPE: {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
+            content = {error_media_type(): {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
         response: Schema = {"description": description, "content": content}
         if status == 409:
             response["headers"] = {"Retry-After": retry_after_header()}

@@ -24,6 +24,7 @@ from idempotency.conf import (
     IN_FLIGHT,
     MODES,
     OMITTED_HEADER,
+    error_format,
     is_header_name,
     load_callable,
 )
@@ -236,6 +237,20 @@ def drf_installed() -> bool:
     return True
 
 
+def _error_format(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("ERROR_FORMAT", DEFAULTS["ERROR_FORMAT"])
+    try:
+        error_format(value)
+    except (ImproperlyConfigured, ValueError) as exc:
+        return _error(
+            "IDEMPOTENCY['ERROR_FORMAT'] should be 'problem', 'drf', or a renderer: a callable "
+            f"(request, error, status) -> response, or its dotted path; not {value!r}.",
+            hint=str(exc),
+            id="idempotency.E011",
+        )
+    return []
+
+
 def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     if user.get("ERROR_FORMAT") != "drf" or drf_installed():
         return []
@@ -314,7 +329,7 @@ CHECKS: list[Check] = [
     _positive_number("RETRY_AFTER", "idempotency.E008", integer=True),
     _positive_number("LEASE_SECONDS", "idempotency.E009"),
     _positive_number("MAX_RESPONSE_BYTES", "idempotency.E010", integer=True),
-    _choice("ERROR_FORMAT", ("problem", "drf"), "idempotency.E011"),
+    _error_format,
     _replay_headers,
     _retention,
     _resolvers,

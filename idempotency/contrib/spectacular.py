@@ -89,7 +89,7 @@ def _marked(handler: Any) -> tuple[IdempotencyOptions, str] | None:
 def describe(
     operation: Operation, options: IdempotencyOptions, name: str, registry: ComponentRegistry
 ) -> Operation:
-    problem = _component(registry, openapi.PROBLEM_COMPONENT, openapi.problem_schema())
+    problem = _component(registry, openapi.PROBLEM_COMPONENT, openapi.error_schema())
     validation = _component(
         registry, openapi.VALIDATION_COMPONENT, openapi.drf_validation_error_schema()
     )
@@ -112,7 +112,7 @@ def describe(
             continue
         # The view documents this status itself: its bodies stay, the problem is added.
         content = existing.setdefault("content", {})
-        content.setdefault(openapi.PROBLEM_MEDIA_TYPE, {"schema": problem})
+        content.setdefault(openapi.error_media_type(), {"schema": problem})
         existing.setdefault("headers", {}).update(response.get("headers", {}))
         if not existing["headers"]:
             del existing["headers"]

@@ -37,6 +37,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E009", {"LEASE_SECONDS": 0}),
     ("idempotency.E010", {"MAX_RESPONSE_BYTES": -1}),
     ("idempotency.E011", {"ERROR_FORMAT": "xml"}),
+    ("idempotency.E011", {"ERROR_FORMAT": "myproject.errors.no_such_renderer"}),
+    ("idempotency.E011", {"ERROR_FORMAT": "idempotency.conf.DEFAULTS"}),  # not callable
+    ("idempotency.E011", {"ERROR_FORMAT": 42}),
     ("idempotency.E012", {"REPLAY_HEADERS": "Location"}),
     ("idempotency.E012", {"REPLAY_HEADERS": ["Location", 1]}),
     ("idempotency.E013", {"REPLAY_HEADERS": ["Location", "Set-Cookie"]}),
@@ -79,6 +82,14 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E037", {"REPLAYED_HEADER": "idempotency-key"}),  # the key's own header
     ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency-Replay"}),  # the omitted marker
 ]
+
+
+@pytest.mark.parametrize(
+    "renderer", ["idempotency.problems.problem_response", lambda request, error, status: None]
+)
+def test_a_renderer_is_an_error_format(renderer):
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": renderer}):
+        assert our_errors() == []
 
 
 @pytest.mark.parametrize("name", ["Idempotency-Replayed", "Idempotent-Replayed", "X-Replayed"])

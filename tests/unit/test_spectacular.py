@@ -129,6 +129,29 @@ def test_the_replay_headers_are_named_as_configured():
     assert headers["Idempotency-Replay"]["schema"]["enum"] == ["omitted"]
 
 
+def stripe_error(request: Any, error: Any, status: int) -> Any:
+    raise AssertionError("only its declaration is read here")
+
+
+stripe_error.openapi_schema = {  # type: ignore[attr-defined]
+    "type": "object",
+    "properties": {"error": {"type": "object"}},
+    "required": ["error"],
+}
+
+
+def test_the_errors_follow_the_shape_a_renderer_declares():
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": stripe_error}):
+        generated = generate()
+    validate(generated)
+    component = generated["components"]["schemas"]["IdempotencyProblem"]
+    assert component == stripe_error.openapi_schema  # type: ignore[attr-defined]
+    responses = generated["paths"]["/orders/"]["post"]["responses"]
+    for status in ("409", "422"):
+        assert set(responses[status]["content"]) == {"application/json"}
+    assert "Retry-After" in responses["409"]["headers"]
+
+
 def test_problem_responses_carry_their_codes_and_retry_after(schema):
     responses = schema["paths"]["/orders/"]["post"]["responses"]
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
