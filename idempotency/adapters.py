@@ -13,22 +13,24 @@ a framework may render itself (``ERROR_FORMAT = "drf"``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
 from django.db import connections, transaction
 from django.http import Http404, HttpRequest
 from django.http.response import HttpResponseBase
 
 from idempotency.compat import mark_logged
-from idempotency.conf import idempotency_settings
+from idempotency.conf import error_format, idempotency_settings
 from idempotency.core import (
     database_unavailable,
 )
 from idempotency.exceptions import (
     IdempotencyError,
 )
-from idempotency.problems import problem_response
+from idempotency.problems import error_status, problem_response
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 else:
     AnyRequest = HttpRequest
 
+
+logger = logging.getLogger("idempotency")
 
 UNPARSED: Any = object()
 
@@ -111,12 +115,53 @@ def stored_representation(request: AnyRequest, response: HttpResponseBase) -> Ht
     return response
 
 
+def use_error_format(request: AnyRequest, chosen: Any) -> None:
+    """Render ``request``'s protocol errors as ``chosen`` (a view's ``error_format``) says.
+
+    Kept on the request: errors are rendered where they are caught, which may be
+    outside the entry point that knows the view's options. ``None``: ``ERROR_FORMAT``.
+    """
+    if chosen is not None:
+        django_request_of(request)._idempotency_error_format = chosen  # type: ignore[attr-defined]
+
+
 def error_response(request: AnyRequest, error: IdempotencyError) -> HttpResponseBase:
-    name = idempotency_settings.ERROR_FORMAT
+    name = _error_format(request)
+    if callable(name):
+        return _rendered(name, request, error)
     for adapter in adapters():
         if adapter.error_format == name:
             return adapter.error_response(request, error)
     return problem_response(error)  # "problem", or a format whose adapter is missing (E028)
+
+
+def _error_format(request: AnyRequest) -> Any:
+    chosen = getattr(django_request_of(request), "_idempotency_error_format", None)
+    if chosen is None:
+        return idempotency_settings.ERROR_FORMAT
+    try:
+        return error_format(chosen, "error_format")
+    except ImproperlyConfigured:  # a view's dotted path, imported at its first error
+        logger.exception("error_format %r cannot be used; answered with the problem", chosen)
+        return "problem"
+
+
+def _rendered(
+    render: Callable[..., Any], request: AnyRequest, error: IdempotencyError
+) -> HttpResponseBase:
+    """The project's rendering of ``error``; the problem if the renderer fails (never a 500)."""
+    try:
+        response = render(request, error, error_status(error))
+        if not isinstance(response, HttpResponseBase):
+            raise TypeError(f"it returned {type(response).__name__}, not an HttpResponse")
+    except Exception:
+        name = getattr(render, "__qualname__", repr(render))
+        logger.exception("ERROR_FORMAT renderer %s failed; answered with the problem", name)
+        return problem_response(error)
+    retry_after = getattr(error, "retry_after", None)  # KeyInUse, DatabaseUnavailable
+    if retry_after is not None and not response.has_header("Retry-After"):
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def outage_response(request: AnyRequest, error: Exception) -> HttpResponseBase:

@@ -36,6 +36,7 @@ class IdempotentTask(Task):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _refuse_shadowing(cls)
         if not any(issubclass(KeyReused, expected) for expected in cls.throws):
             cls.throws = (*cls.throws, KeyReused)  # a task's own ``throws`` adds to ours
 
@@ -72,4 +73,24 @@ class IdempotentTask(Task):
             name=self.name,
             signature=inspect.signature(self.run),
             options=replace(options, scope=options.scope or self.name),
+        )
+
+
+def _refuse_shadowing(task: type) -> None:
+    """Refuse a base ahead of ``IdempotentTask`` whose ``__call__`` would run the task itself.
+
+    ``class T(ContextTask, IdempotentTask)`` with the common ``ContextTask.__call__``
+    that calls ``self.run(...)`` inside an application context never reaches ours:
+    every delivery would run. Put first, ``IdempotentTask`` wraps whatever the other
+    ``__call__`` does, cooperative or not, so every base ahead of it is refused.
+    """
+    mro = task.__mro__
+    ahead = mro[: mro.index(IdempotentTask)]
+    shadowing = [k for k in ahead if "__call__" in vars(k) and not issubclass(k, IdempotentTask)]
+    if shadowing:
+        raise ImproperlyConfigured(
+            f"{task.__module__}.{task.__qualname__}: {shadowing[0].__qualname__}.__call__ comes "
+            "before IdempotentTask.__call__ among its bases, so a delivery could run the task "
+            f"unprotected. Put IdempotentTask first: class {task.__name__}(IdempotentTask, "
+            f"{shadowing[0].__name__})."
         )

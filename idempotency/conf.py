@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "FINGERPRINT_FUNCTION": "idempotency.http.default_fingerprint",
     "OUTCOME_POLICY": "idempotency.http.default_outcome_policy",
     "ERROR_FORMAT": "problem",
+    # Stripe's name; the IETF draft's conformance profile checks "Idempotency-Replayed".
+    "REPLAYED_HEADER": "Idempotent-Replayed",
     "DATABASE": None,
     "TRANSACTION_POOLING": None,
     "RESOLVERS": {},
@@ -72,6 +74,10 @@ DEFAULTS: dict[str, Any] = {
     "SHARDS": None,
     "WRITE_GUARD": None,
 }
+
+# The response header that says a replay's body was not stored (``MAX_RESPONSE_BYTES``):
+# ``Idempotency-Replay: omitted``, as the IETF draft's community profile names it.
+OMITTED_HEADER = "Idempotency-Replay"
 
 # Headers that carry a session or a credential: never stored, never replayed,
 # whatever REPLAY_HEADERS says.
@@ -125,6 +131,20 @@ class _Setting(Generic[V]):
         return value
 
 
+# The ERROR_FORMAT names; any other value is a renderer, a callable or its dotted path.
+ERROR_FORMATS = ("problem", "drf")
+
+
+def error_format(value: Any, setting: str = "ERROR_FORMAT") -> str | Callable[..., Any]:
+    """``"problem"``, ``"drf"``, or the renderer ``value`` is or names."""
+    if isinstance(value, str) and value in ERROR_FORMATS:
+        return value
+    render = load_callable(value, setting)
+    if not callable(render):
+        raise ImproperlyConfigured(f"IDEMPOTENCY[{setting!r}] = {value!r} is not callable.")
+    return render
+
+
 def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -173,7 +193,8 @@ class Settings:
     SCOPE_FUNCTION = _Setting(lambda value: load_callable(value, "SCOPE_FUNCTION"))
     FINGERPRINT_FUNCTION = _Setting(lambda value: load_callable(value, "FINGERPRINT_FUNCTION"))
     OUTCOME_POLICY = _Setting(lambda value: load_callable(value, "OUTCOME_POLICY"))
-    ERROR_FORMAT = _Setting(str)
+    ERROR_FORMAT = _Setting(error_format)
+    REPLAYED_HEADER = _Setting(str)
     DATABASE = _Setting(_optional_str)
     TRANSACTION_POOLING = _Setting(_optional_bool)
     RESOLVERS: _Setting[dict[str, str]] = _Setting(dict)

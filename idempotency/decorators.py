@@ -95,7 +95,8 @@ def refuse_wrong_target(view: Callable[..., Any]) -> None:
         )
     if hasattr(view, "cls"):  # DRF's APIView.as_view(), which @api_view returns
         raise ImproperlyConfigured(
-            f"Put @idempotent under @api_view, not above it ({name}): above it, it would run "
+            f"Put @idempotent under @api_view, not above it ({_api_view_function(view)}): "
+            "above it, it would run "
             "before DRF authenticates the caller and parses the body. Write @api_view([...]), "
             "then the other DRF decorators, then @idempotent(...), then the function."
         )
@@ -104,6 +105,22 @@ def refuse_wrong_target(view: Callable[..., Any]) -> None:
         ".as_view(): decorate the handler (def post(...)) of the class, or wrap it with "
         "django.utils.decorators.method_decorator(idempotent(...), name='post')."
     )
+
+
+def _api_view_function(view: Any) -> str:
+    """The user's function behind ``@api_view``, not Django's ``View.as_view.<locals>.view``.
+
+    ``api_view`` serves it from a handler method that closes over it, and gives its
+    class the function's name and module (what is left when no handler is found).
+    """
+    view_class = view.cls
+    for method in getattr(view_class, "http_method_names", ()):
+        handler = vars(view_class).get(method)
+        for cell in getattr(handler, "__closure__", None) or ():
+            function = cell.cell_contents
+            if callable(function) and hasattr(function, "__qualname__"):
+                return f"{function.__module__}.{function.__qualname__}"
+    return f"{view_class.__module__}.{view_class.__name__}"
 
 
 def _refuse_ninja_operation(wrapper: Any) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.html import format_html
@@ -51,6 +52,31 @@ def _operation_name(view: type, action: str) -> str:
     return f"{view.__module__}.{view.__qualname__}.{action}"
 
 
+def refuse_shadowing(view: type) -> None:
+    """Refuse, when the class is made, a DRF class ahead of the mixin in ``view``'s MRO.
+
+    ``class V(viewsets.ModelViewSet, IdempotentCreateMixin)`` resolves ``create`` to
+    DRF's ``CreateModelMixin.create``, which never calls ``super()``: the view would
+    serve unprotected, silently. DRF's classes are the ones refused: a project's own
+    mixin ahead of ours may delegate with ``super()``, which keeps the protection.
+    """
+    mro = view.__mro__
+    mixin = next(k for k in mro if k.__module__ == __name__ and "_idempotency_methods" in vars(k))
+    methods: tuple[str, ...] = vars(mixin)["_idempotency_methods"]
+    for name in methods:
+        ours = next(k for k in mro if k.__module__ == __name__ and name in vars(k))
+        ahead = [k for k in mro[: mro.index(ours)] if name in vars(k)]
+        drf = [k for k in ahead if k.__module__.startswith("rest_framework.")]
+        if drf:
+            raise ImproperlyConfigured(
+                f"{view.__module__}.{view.__qualname__}: DRF's {drf[0].__qualname__}.{name} "
+                f"comes before {ours.__qualname__}.{name} among its bases, so DRF's runs and "
+                f"the mixin's never does (for create: no protection at all). Put "
+                f"{mixin.__qualname__} before the DRF classes: "
+                f"class {view.__name__}({mixin.__qualname__}, <the DRF classes>)."
+            )
+
+
 # The view mixins carry comments, not docstrings: schema generators (drf-spectacular)
 # describe an operation by the first docstring in its view's MRO, which would be ours.
 #
@@ -63,9 +89,12 @@ class IdempotentMixin:
     # Operation names ``idempotency_resolver`` is registered under for recovery.
     idempotency_resolved_actions: tuple[str, ...] = ()
     _idempotency_options: IdempotencyOptions = IdempotencyOptions()
+    # The methods whose DRF versions would shadow ours if a DRF class came first.
+    _idempotency_methods: tuple[str, ...] = ("handle_exception",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        refuse_shadowing(cls)
         cls._idempotency_options = options_from_attributes("IdempotentMixin", cls)
         resolver = cls._idempotency_options.resolver
         if resolver is None:
@@ -136,6 +165,7 @@ for _name in APPLIES["IdempotentMixin"]:
 # Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
 class IdempotentCreateMixin(IdempotentMixin):
     idempotency_resolved_actions = ("create", "post")
+    _idempotency_methods = ("create", "handle_exception")
 
     # ``Any``, not ``HttpResponseBase``: DRF's stubs type ``CreateModelMixin.create`` as
     # returning ``Response``, and a narrower type here would make mypy reject every

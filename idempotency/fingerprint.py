@@ -34,14 +34,33 @@ def fingerprint(parts: Iterable[str | bytes]) -> str:
 def parse_json(raw: bytes) -> Any:
     """Parse JSON keeping numbers exact; raises ``ValueError`` when it is not JSON.
 
-    ``RequestInvalid`` when it is nested deeper than ``MAX_BODY_DEPTH``.
+    ``RequestInvalid`` when its bytes are not valid Unicode text or it is nested
+    deeper than ``MAX_BODY_DEPTH``.
     """
+    text = decode_json(raw)
     try:
-        data = json.loads(raw, parse_float=_decimal, parse_int=_decimal)
+        data = json.loads(text, parse_float=_decimal, parse_int=_decimal)
     except RecursionError:
         raise _too_deep() from None
     check_depth(data)
     return data
+
+
+def decode_json(raw: bytes) -> str:
+    """The text of a JSON body, decoded strictly; ``RequestInvalid`` for bytes that are not.
+
+    ``json.loads`` on bytes decodes with ``surrogatepass``: an encoded surrogate
+    (``b"\\xed\\xa0\\x80"``) would become a string no database or encoder takes back.
+    UTF-8 as RFC 8259 requires, or the UTF-16/32 that ``json`` detects by its zeros.
+    """
+    encoding = json.detect_encoding(raw)
+    try:
+        return raw.decode(encoding, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise RequestInvalid(
+            f"The request body is not valid {encoding.upper()} text (byte {exc.start}: "
+            f"{exc.reason}); send JSON encoded as UTF-8."
+        ) from None
 
 
 def _decimal(text: str) -> Decimal:

@@ -20,7 +20,7 @@ from idempotency import tracing
 from idempotency.conf import idempotency_settings
 from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
-from idempotency.keys import checked_key, validate_key
+from idempotency.keys import call_key_function, checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.options import IdempotencyOptions, refuse_unknown
 from idempotency.resolvers import register
@@ -122,7 +122,8 @@ class CallGuard:
         bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
         bound.apply_defaults()
         key: Callable[..., Any] = options.key  # type: ignore[assignment]  # checked callable
-        call_key = checked_key(_call(key, bound, args, kwargs), key, self.name)
+        found = call_key_function(key, lambda: _call(key, bound, args, kwargs), self.name)
+        call_key = checked_key(found, key, self.name)
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
         scope = self._scope(bound, args, kwargs)
         call = options.call(scope, call_key, self.request_hash(args, kwargs), self.name)

@@ -33,6 +33,7 @@ from idempotency.adapters import (
     parsed_body,
     register_adapter,
     stored_representation,
+    use_error_format,
 )
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import idempotency_settings
@@ -127,6 +128,7 @@ def protect(
     if django_request_of(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
     validate_settings()
+    use_error_format(request, options.error_format)
     name = options.operation or default_operation
     try:
         with tracing.span(name, options.mode or idempotency_settings.MODE):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from idempotency.exceptions import KeyInvalid
+from django.db import DatabaseError
+
+from idempotency.exceptions import IdempotencyError, KeyInvalid
 
 _FORBIDDEN = {",", '"'}
 # Every visible ASCII character but the forbidden ones, deleted by ``str.translate``:
@@ -47,15 +49,45 @@ def checked_key(key: object, function: Callable[..., Any], owner: str = "") -> s
     """
     if isinstance(key, str) and key:
         return key
+    found = "an empty string" if key == "" else f"{key!r} ({type(key).__name__})"
+    raise KeyInvalid(
+        f"{_named(function, owner)} returned {found}: it should return the key as a "
+        "non-empty string, never a value that many calls could share."
+    )
+
+
+def call_key_function(
+    function: Callable[..., Any],
+    call: Callable[[], object],
+    owner: str = "",
+    passes: Callable[[Exception], bool] = lambda exc: False,
+) -> object:
+    """What ``call()``, a call of the key function ``function``, returns.
+
+    If it raises (``lambda event: event["id"]`` on an event without one), the
+    ``KeyInvalid`` that a ``None`` key gets, naming the function and the exception,
+    before anything is recorded. The protocol's own errors, the database's and
+    those ``passes`` accepts (a framework's 4xx) go on as they are.
+    """
+    try:
+        return call()
+    except (IdempotencyError, DatabaseError):
+        raise
+    except Exception as exc:
+        if passes(exc):
+            raise
+        raise KeyInvalid(
+            f"{_named(function, owner)} raised {type(exc).__name__}: {exc}. It should return "
+            "the key as a non-empty string (or None where the key may be missing)."
+        ) from exc
+
+
+def _named(function: Callable[..., Any], owner: str) -> str:
     name = getattr(function, "__qualname__", None) or repr(function)
     module = getattr(function, "__module__", None)
     where = f"{module}.{name}" if module else name
     of = f" of {owner}" if owner else ""
-    found = "an empty string" if key == "" else f"{key!r} ({type(key).__name__})"
-    raise KeyInvalid(
-        f"The key function{of}, {where}, returned {found}: it should return the key as a "
-        "non-empty string, never a value that many calls could share."
-    )
+    return f"The key function{of}, {where},"
 
 
 def _unquote(inner: str) -> str:

@@ -27,6 +27,7 @@ from ninja.operation import AsyncOperation, Operation
 from pydantic import BaseModel
 
 from idempotency import openapi
+from idempotency.adapters import use_error_format
 from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, RequestInvalid
@@ -223,7 +224,7 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
 
         @wraps(run)
         async def serve_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            refused = _unreadable(request)
+            refused = _unreadable(request, operation)
             if refused is not None:
                 return refused
             token = _CURRENT.set(operation)
@@ -238,7 +239,7 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(run)
     def serve(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        refused = _unreadable(request)
+        refused = _unreadable(request, operation)
         if refused is not None:
             return refused
         token = _CURRENT.set(operation)
@@ -252,10 +253,15 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
     return serve
 
 
-def _unreadable(request: HttpRequest) -> HttpResponseBase | None:
-    """The problem answer to a JSON body nested too deeply, before ninja's parser reads it."""
+def _unreadable(request: HttpRequest, operation: Operation) -> HttpResponseBase | None:
+    """The problem answer to a JSON body nested too deeply or not UTF-8, before ninja parses it.
+
+    Rendered as the operation's ``error_format`` says, as its other errors are.
+    """
     if request.method in SAFE_METHODS:
         return None
+    options = getattr(operation.view_func, "idempotency_options", None)
+    use_error_format(request, getattr(options, "error_format", None))
     try:
         json_body(request)
     except RequestInvalid as error:
@@ -297,7 +303,7 @@ def _describe(operation: Operation, options: IdempotencyOptions, name: str) -> N
     for status in set(errors) & set(statuses):
         # The operation documents this status itself: its body stays, the problem is added.
         errors[status] = {
-            "content": {openapi.PROBLEM_MEDIA_TYPE: {"schema": problem}},
+            "content": {openapi.error_media_type(): {"schema": problem}},
             **({"headers": errors[status]["headers"]} if "headers" in errors[status] else {}),
         }
     extra: dict[str, Any] = {"responses": {**openapi.success_headers(statuses), **errors}}
@@ -310,7 +316,7 @@ def _describe(operation: Operation, options: IdempotencyOptions, name: str) -> N
 
 # The components a protected operation refers to: the problem, then ninja's own errors.
 _DEFINITIONS: dict[str, Callable[[], dict[str, Any]]] = {
-    openapi.PROBLEM_COMPONENT: openapi.problem_schema,
+    openapi.PROBLEM_COMPONENT: openapi.error_schema,
     openapi.VALIDATION_COMPONENT: openapi.ninja_validation_error_schema,
     openapi.HTTP_ERROR_COMPONENT: openapi.ninja_http_error_schema,
 }

@@ -2,20 +2,22 @@
 
 Plain dicts (OpenAPI 3.0 and 3.1 alike), shared by the drf-spectacular and the
 django-ninja integrations: the key header with the operation's expiry policy,
-the problem responses with their codes, ``Retry-After`` on 409 and
-``Idempotent-Replayed`` on 2xx. A status the framework answers too (DRF's 400
+the problem responses with their codes, ``Retry-After`` on 409, and on 2xx
+the replay marker (``REPLAYED_HEADER``, ``Idempotent-Replayed`` by default) and
+``Idempotency-Replay: omitted``. A status the framework answers too (DRF's 400
 and ninja's 422 validation errors) documents both bodies as ``oneOf``
 alternatives, so a generated client parses either.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from idempotency.conf import idempotency_settings
-from idempotency.http import REPLAYED_HEADER, SAFE_METHODS
+from idempotency.conf import OMITTED_HEADER, idempotency_settings
+from idempotency.http import SAFE_METHODS
 from idempotency.models import Status
 from idempotency.options import IdempotencyOptions
 from idempotency.retention import retention_for
@@ -40,6 +42,28 @@ _ERROR_DESCRIPTIONS = {
     409: "A request with this idempotency key is still in flight; retry after `Retry-After`.",
     422: "This idempotency key was already used with a different request.",
 }
+
+
+def error_schema() -> Schema:
+    """The body of every idempotency error: the problem's, or the one the renderer declares.
+
+    An ``ERROR_FORMAT`` renderer (a callable) declares its body by an ``openapi_schema``
+    attribute, a JSON schema (and a ``media_type``, ``application/json`` by default).
+    """
+    declared = _declared(idempotency_settings.ERROR_FORMAT)
+    return copy.deepcopy(declared[0]) if declared else problem_schema()
+
+
+def error_media_type() -> str:
+    declared = _declared(idempotency_settings.ERROR_FORMAT)
+    return declared[1] if declared else PROBLEM_MEDIA_TYPE
+
+
+def _declared(render: Any) -> tuple[Schema, str] | None:
+    schema = getattr(render, "openapi_schema", None) if callable(render) else None
+    if not isinstance(schema, dict):
+        return None
+    return schema, str(getattr(render, "media_type", JSON_MEDIA_TYPE))
 
 
 def problem_schema() -> Schema:
@@ -194,12 +218,12 @@ def error_responses(
     for status, codes in ERROR_CODES.items():
         listed = ", ".join(f"`{code}`" for code in codes)
         description = f"{_ERROR_DESCRIPTIONS[status]} Codes: {listed}."
-        content: Schema = {PROBLEM_MEDIA_TYPE: {"schema": problem}}
+        content: Schema = {error_media_type(): {"schema": problem}}
         if framework and status in framework:
             other, explained = framework[status]
             description = f"{description} Or {explained}"
             either = {"oneOf": [problem, other]}
-            content = {PROBLEM_MEDIA_TYPE: {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
+            content = {error_media_type(): {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
         response: Schema = {"description": description, "content": content}
         if status == 409:
             response["headers"] = {"Retry-After": retry_after_header()}
@@ -222,10 +246,21 @@ def replayed_header() -> Schema:
     }
 
 
-def success_headers(statuses: Iterable[int | str]) -> dict[int | str, Schema]:
-    """``Idempotent-Replayed`` on each 2xx among ``statuses``."""
+def omitted_header() -> Schema:
     return {
-        status: {"headers": {REPLAYED_HEADER: replayed_header()}}
-        for status in statuses
-        if str(status).startswith("2")
+        "description": "`omitted` on a replay whose body was not stored (larger than the "
+        "server's `MAX_RESPONSE_BYTES`): the status and headers are the first response's, "
+        "the body is empty. Absent otherwise.",
+        "schema": {"type": "string", "enum": ["omitted"]},
+    }
+
+
+def success_headers(statuses: Iterable[int | str]) -> dict[int | str, Schema]:
+    """The replay marker (``REPLAYED_HEADER``) and ``Idempotency-Replay`` on each 2xx."""
+    headers = {
+        idempotency_settings.REPLAYED_HEADER: replayed_header(),
+        OMITTED_HEADER: omitted_header(),
+    }
+    return {
+        status: {"headers": dict(headers)} for status in statuses if str(status).startswith("2")
     }

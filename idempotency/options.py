@@ -16,7 +16,15 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from idempotency.conf import IN_FLIGHT, MODES, InFlight, Mode, idempotency_settings, is_header_name
+from idempotency.conf import (
+    ERROR_FORMATS,
+    IN_FLIGHT,
+    MODES,
+    InFlight,
+    Mode,
+    idempotency_settings,
+    is_header_name,
+)
 from idempotency.core import Operation
 
 if TYPE_CHECKING:
@@ -45,6 +53,7 @@ class OptionArgs(TypedDict, total=False):
     wait_seconds: float | None
     in_flight: InFlight | None
     using: str | None
+    error_format: str | Callable[..., HttpResponseBase] | None
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ class IdempotencyOptions:
     # The database alias of the records (and, in atomic mode, of the work's writes):
     # None asks the DATABASE setting, else the router (docs/databases.md).
     using: str | None = None
+    # How this view's protocol errors are rendered: "problem", "drf", or a renderer
+    # ``(request, error, status) -> response`` (or its dotted path); None: ERROR_FORMAT.
+    error_format: str | Callable[..., HttpResponseBase] | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -87,6 +99,11 @@ class IdempotencyOptions:
             raise ValueError(f"wait_seconds should be a number >= 0, not {self.wait_seconds!r}.")
         if self.in_flight is not None and self.in_flight not in IN_FLIGHT:
             raise ValueError(f"in_flight should be one of {IN_FLIGHT}, not {self.in_flight!r}.")
+        if not _error_format_shape(self.error_format):
+            raise ValueError(
+                "error_format should be 'problem', 'drf', a callable (request, error, status) "
+                f"-> response or its dotted path, not {self.error_format!r}."
+            )
         if self.in_flight == "conflict" and self.wait_seconds:
             raise ValueError(
                 "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
@@ -110,11 +127,21 @@ class IdempotencyOptions:
         )
 
 
+def _error_format_shape(value: object) -> bool:
+    # A dotted path is imported when an error is first rendered (idempotency.adapters).
+    return (
+        value is None
+        or callable(value)
+        or (isinstance(value, str) and "." in value)
+        or (value in ERROR_FORMATS)
+    )
+
+
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in fields(IdempotencyOptions))
 
 # Which entry point takes which option. A function's or task's call has no header,
-# no response to judge, and its operation is its name (a task's, Celery's name).
-_FUNCTION = frozenset(OPTION_NAMES) - {"header", "required", "outcome_policy"}
+# no response to judge or render, and its operation is its name (a task's, Celery's name).
+_FUNCTION = frozenset(OPTION_NAMES) - {"header", "required", "outcome_policy", "error_format"}
 APPLIES: Mapping[str, frozenset[str]] = {
     "idempotent": frozenset(OPTION_NAMES),
     "ninja": frozenset(OPTION_NAMES),

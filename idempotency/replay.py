@@ -8,7 +8,12 @@ from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 
 from idempotency.adapters import AnyRequest, stored_representation
-from idempotency.conf import FORBIDDEN_REPLAY_HEADERS, idempotency_settings, load_callable
+from idempotency.conf import (
+    FORBIDDEN_REPLAY_HEADERS,
+    OMITTED_HEADER,
+    idempotency_settings,
+    load_callable,
+)
 from idempotency.core import (
     Attempt,
     Outcome,
@@ -20,6 +25,7 @@ from idempotency.options import IdempotencyOptions
 logger = logging.getLogger("idempotency")
 
 
+# The default name of the replay marker; the ``REPLAYED_HEADER`` setting names the one sent.
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
@@ -83,12 +89,23 @@ def _resource_id(response: HttpResponseBase) -> str:
 
 
 def replay_response(record: IdempotencyRecord) -> HttpResponse:
-    body = bytes(record.response_body) if record.response_body is not None else b""
+    """The recorded answer, marked as a replay (``REPLAYED_HEADER: true``).
+
+    A body that was not stored (larger than ``MAX_RESPONSE_BYTES``, streamed) is
+    replayed empty, and says so: ``Idempotency-Replay: omitted``.
+    """
+    stored = record.response_body
+    omitted = stored is None
+    body = b"" if stored is None else bytes(stored)
     response = HttpResponse(body, status=record.response_status or 200)
-    if record.response_body is None:
+    if omitted:
         del response["Content-Type"]
+    marker = idempotency_settings.REPLAYED_HEADER
+    ours = {marker.lower(), OMITTED_HEADER.lower()}  # set below, never as the view set them
     for name, value in record.response_headers:
-        if name.lower() not in FORBIDDEN_REPLAY_HEADERS:
+        if name.lower() not in FORBIDDEN_REPLAY_HEADERS and name.lower() not in ours:
             response[name] = value
-    response[REPLAYED_HEADER] = "true"
+    response[marker] = "true"
+    if omitted:
+        response[OMITTED_HEADER] = "omitted"
     return response

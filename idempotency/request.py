@@ -16,7 +16,13 @@ from django.http import RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 
-from idempotency.adapters import UNPARSED, AnyRequest, django_request_of, parsed_body
+from idempotency.adapters import (
+    UNPARSED,
+    AnyRequest,
+    django_request_of,
+    is_client_error,
+    parsed_body,
+)
 from idempotency.compat import query_parsed
 from idempotency.conf import idempotency_settings, load_callable
 from idempotency.core import (
@@ -27,7 +33,7 @@ from idempotency.exceptions import (
     ScopeUnavailable,
 )
 from idempotency.fingerprint import canonical, fingerprint, parse_json
-from idempotency.keys import checked_key, parse_key, validate_key
+from idempotency.keys import call_key_function, checked_key, parse_key, validate_key
 from idempotency.options import IdempotencyOptions
 from idempotency.shards import request_tenant
 
@@ -50,7 +56,7 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if options.key is None:
         return header_key(request, options.header, options.required)
     function = load_callable(options.key, "key")
-    key = function(request)
+    key = call_key_function(function, lambda: function(request), passes=is_client_error)
     if key is not None:
         validate_key(checked_key(key, function), max_length=idempotency_settings.MAX_KEY_LENGTH)
         return str(key)
@@ -197,7 +203,8 @@ def json_body(request: AnyRequest) -> Any:
     ``UNPARSED`` when the request is not JSON or its body was already read as a
     stream (a framework's parse is used then), ``_NOT_JSON`` when it is malformed
     (the view rejects it; the raw bytes fingerprint it). ``RequestInvalid`` when it
-    nests deeper than ``MAX_BODY_DEPTH``. Parsed once per request.
+    nests deeper than ``MAX_BODY_DEPTH`` or its bytes are not valid UTF-8 (surrogates
+    included): every adapter calls this before the view runs. Parsed once per request.
     """
     django_request = django_request_of(request)
     cached = getattr(django_request, "_idempotency_json", UNPARSED)

@@ -23,6 +23,8 @@ from idempotency.conf import (
     FORBIDDEN_REPLAY_HEADERS,
     IN_FLIGHT,
     MODES,
+    OMITTED_HEADER,
+    error_format,
     is_header_name,
     load_callable,
 )
@@ -127,6 +129,20 @@ def _callable_path(name: str, error_id: str) -> Check:
     return check
 
 
+def _replayed_header(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("REPLAYED_HEADER", DEFAULTS["REPLAYED_HEADER"])
+    key_header = str(user.get("HEADER", DEFAULTS["HEADER"])).lower()
+    if is_header_name(value) and value.lower() not in {key_header, OMITTED_HEADER.lower()}:
+        return []
+    return _error(
+        f"IDEMPOTENCY['REPLAYED_HEADER'] should be an HTTP header name of its own, not {value!r}.",
+        hint="The response header that marks a replay: 'Idempotent-Replayed' (Stripe's, the "
+        "default) or 'Idempotency-Replayed' (the IETF draft's conformance profile); neither "
+        f"HEADER nor {OMITTED_HEADER!r}.",
+        id="idempotency.E037",
+    )
+
+
 def _max_key_length(user: dict[str, Any]) -> list[CheckMessage]:
     # A longer key would pass validation and then fail the insert (a 500 on PostgreSQL).
     column = IdempotencyRecord._meta.get_field("idem_key").max_length or 255
@@ -221,6 +237,20 @@ def drf_installed() -> bool:
     return True
 
 
+def _error_format(user: dict[str, Any]) -> list[CheckMessage]:
+    value = user.get("ERROR_FORMAT", DEFAULTS["ERROR_FORMAT"])
+    try:
+        error_format(value)
+    except (ImproperlyConfigured, ValueError) as exc:
+        return _error(
+            "IDEMPOTENCY['ERROR_FORMAT'] should be 'problem', 'drf', or a renderer: a callable "
+            f"(request, error, status) -> response, or its dotted path; not {value!r}.",
+            hint=str(exc),
+            id="idempotency.E011",
+        )
+    return []
+
+
 def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     if user.get("ERROR_FORMAT") != "drf" or drf_installed():
         return []
@@ -291,6 +321,7 @@ def _write_guard(user: dict[str, Any]) -> list[CheckMessage]:
 CHECKS: list[Check] = [
     _unknown_keys,
     _header,
+    _replayed_header,
     _max_key_length,
     _boolean("REQUIRE_KEY", "idempotency.E005"),
     _choice("MODE", MODES, "idempotency.E006"),
@@ -298,7 +329,7 @@ CHECKS: list[Check] = [
     _positive_number("RETRY_AFTER", "idempotency.E008", integer=True),
     _positive_number("LEASE_SECONDS", "idempotency.E009"),
     _positive_number("MAX_RESPONSE_BYTES", "idempotency.E010", integer=True),
-    _choice("ERROR_FORMAT", ("problem", "drf"), "idempotency.E011"),
+    _error_format,
     _replay_headers,
     _retention,
     _resolvers,

@@ -9,7 +9,8 @@ A project that has its own ``AutoSchema`` puts ``IdempotencySchemaMixin`` first
 among its bases instead. Each protected operation (``create`` of a view with
 ``IdempotentCreateMixin``, the unsafe methods of an ``@idempotent`` view or
 action) gets the key header, the 400/409/422 problem responses with their codes,
-``Retry-After`` on 409 and ``Idempotent-Replayed`` on its 2xx responses; every
+``Retry-After`` on 409 and the replay headers (``REPLAYED_HEADER``,
+``Idempotency-Replay``) on its 2xx responses; every
 other operation is left as drf-spectacular describes it.
 """
 
@@ -88,7 +89,7 @@ def _marked(handler: Any) -> tuple[IdempotencyOptions, str] | None:
 def describe(
     operation: Operation, options: IdempotencyOptions, name: str, registry: ComponentRegistry
 ) -> Operation:
-    problem = _component(registry, openapi.PROBLEM_COMPONENT, openapi.problem_schema())
+    problem = _component(registry, openapi.PROBLEM_COMPONENT, openapi.error_schema())
     validation = _component(
         registry, openapi.VALIDATION_COMPONENT, openapi.drf_validation_error_schema()
     )
@@ -111,7 +112,7 @@ def describe(
             continue
         # The view documents this status itself: its bodies stay, the problem is added.
         content = existing.setdefault("content", {})
-        content.setdefault(openapi.PROBLEM_MEDIA_TYPE, {"schema": problem})
+        content.setdefault(openapi.error_media_type(), {"schema": problem})
         existing.setdefault("headers", {}).update(response.get("headers", {}))
         if not existing["headers"]:
             del existing["headers"]

@@ -125,6 +125,54 @@ def test_deeply_nested_json_at_a_plain_django_view(alice, depth):
     assert not IdempotencyRecord.objects.exists() and not Order.objects.exists()
 
 
+# -- bytes that are not UTF-8 ------------------------------------------------------------
+
+# An encoded surrogate (which json.loads on bytes lets through), a lone continuation
+# byte, a truncated sequence, an overlong encoding: in a field no view reads.
+BAD_BYTES = [b"\xed\xa0\x80", b"\x80", b"\xe2\x82", b"\xc0\xaf"]
+
+
+def _with_note(body: dict[str, Any], note: bytes) -> bytes:
+    return json.dumps(body)[:-1].encode() + b', "note": "' + note + b'"}'
+
+
+@pytest.mark.parametrize("bad", BAD_BYTES)
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_invalid_utf8_is_a_400_problem_and_the_key_stays_free(alice, endpoint, bad):
+    send, valid, effects = ENDPOINTS[endpoint]
+    body = valid()
+    before = effects()
+
+    response = send(_with_note(body, bad))
+
+    assert response.status_code == 400, response.content[:300]
+    _problem(response, "idempotency_request_invalid")
+    assert "not valid UTF-8" in response.json()["detail"]
+    assert not IdempotencyRecord.objects.exists()
+    assert effects() == before
+    corrected = send(json.dumps(body).encode())  # the same key, text that is UTF-8
+    assert corrected.status_code in (200, 201), corrected.content[:300]
+    assert effects() == before + 1
+
+
+@override_settings(ROOT_URLCONF="tests.urls")
+@pytest.mark.parametrize("bad", BAD_BYTES)
+def test_invalid_utf8_at_a_plain_django_view(alice, bad):
+    client = Client()
+    client.force_login(alice)
+
+    def send(raw: bytes) -> Any:
+        return client.post(
+            "/plain/", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-1"
+        )
+
+    response = send(_with_note({"sku": "plain"}, bad))
+    assert response.status_code == 400
+    _problem(response, "idempotency_request_invalid")
+    assert not IdempotencyRecord.objects.exists() and not Order.objects.exists()
+    assert send(b'{"sku": "plain", "note": "\xc3\xa9"}').status_code == 201  # the key is free
+
+
 # -- numbers that are not each other ------------------------------------------------------
 
 

@@ -102,6 +102,28 @@ def test_a_task_key_function_returning_none_fails_naming_it():
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.django_db
+def test_a_task_key_function_that_raises_fails_naming_it():
+    from idempotency import KeyInvalid
+
+    runs: list[dict] = []
+
+    def handle_event(event: dict) -> None:
+        runs.append(event)
+
+    bare = Celery("bare", set_as_current=False)
+    handle = bare.task(
+        base=IdempotentTask, name="tests.handle_event", idempotency_key=lambda event: event["id"]
+    )(handle_event)
+
+    keyless = handle.apply(({"amount": 1},))  # an event without an id
+    assert keyless.state == "FAILURE"
+    assert isinstance(keyless.result, KeyInvalid), keyless.result
+    assert "of tests.handle_event" in keyless.result.detail
+    assert "raised KeyError: 'id'" in keyless.result.detail
+    assert runs == [] and not IdempotencyRecord.objects.exists()
+
+
 @pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_a_database_outage_is_retried_and_makes_one_order():
@@ -120,6 +142,28 @@ def test_expected_failures_keep_the_reused_key():
 
     assert Strict.throws == (LookupError, KeyReused)
     assert IdempotentTask.throws == (KeyReused,)
+
+
+def test_a_base_whose_call_would_shadow_ours_is_refused():
+    from celery import Task
+
+    class ContextTask(Task):
+        # The common pattern: runs the task itself, never reaching IdempotentTask.__call__.
+        def __call__(self, *args, **kwargs):
+            return self.run(*args, **kwargs)
+
+    with pytest.raises(ImproperlyConfigured) as refused:
+
+        class Shadowed(ContextTask, IdempotentTask):
+            pass
+
+    assert "ContextTask.__call__ comes before IdempotentTask.__call__" in str(refused.value)
+    assert "Put IdempotentTask first" in str(refused.value)
+
+    class Ordered(IdempotentTask, ContextTask):  # ours wraps theirs: accepted
+        pass
+
+    assert Ordered.__call__ is IdempotentTask.__call__
 
 
 def test_a_task_without_a_key_function_fails_when_the_worker_loads_it():

@@ -37,6 +37,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E009", {"LEASE_SECONDS": 0}),
     ("idempotency.E010", {"MAX_RESPONSE_BYTES": -1}),
     ("idempotency.E011", {"ERROR_FORMAT": "xml"}),
+    ("idempotency.E011", {"ERROR_FORMAT": "myproject.errors.no_such_renderer"}),
+    ("idempotency.E011", {"ERROR_FORMAT": "idempotency.conf.DEFAULTS"}),  # not callable
+    ("idempotency.E011", {"ERROR_FORMAT": 42}),
     ("idempotency.E012", {"REPLAY_HEADERS": "Location"}),
     ("idempotency.E012", {"REPLAY_HEADERS": ["Location", 1]}),
     ("idempotency.E013", {"REPLAY_HEADERS": ["Location", "Set-Cookie"]}),
@@ -74,7 +77,25 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E035", {"SHARDS": ["default", "no-such-alias"]}),
     ("idempotency.E035", {"SHARDS": []}),
     ("idempotency.E036", {"WRITE_GUARD": "on"}),
+    ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency Replayed"}),
+    ("idempotency.E037", {"REPLAYED_HEADER": None}),
+    ("idempotency.E037", {"REPLAYED_HEADER": "idempotency-key"}),  # the key's own header
+    ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency-Replay"}),  # the omitted marker
 ]
+
+
+@pytest.mark.parametrize(
+    "renderer", ["idempotency.problems.problem_response", lambda request, error, status: None]
+)
+def test_a_renderer_is_an_error_format(renderer):
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": renderer}):
+        assert our_errors() == []
+
+
+@pytest.mark.parametrize("name", ["Idempotency-Replayed", "Idempotent-Replayed", "X-Replayed"])
+def test_a_replay_marker_of_its_own_is_accepted(name):
+    with override_settings(IDEMPOTENCY={"REPLAYED_HEADER": name}):
+        assert our_errors() == []
 
 
 def our_errors() -> list[str]:

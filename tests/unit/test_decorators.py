@@ -52,8 +52,26 @@ def test_above_api_view_names_the_order_to_use():
     def create(request: Request) -> Response:
         return Response(status=201)
 
-    with pytest.raises(ImproperlyConfigured, match="Put @idempotent under @api_view"):
+    with pytest.raises(ImproperlyConfigured, match="Put @idempotent under @api_view") as refused:
         idempotent()(create)
+    # The user's function, not the view Django's View.as_view makes of it.
+    assert f"({__name__}.test_above_api_view_names_the_order_to_use.<locals>.create)" in str(
+        refused.value
+    )
+    assert "as_view" not in str(refused.value)
+
+
+def test_above_api_view_and_other_drf_decorators_names_the_function():
+    from rest_framework.decorators import permission_classes
+    from rest_framework.permissions import AllowAny
+
+    @api_view(["PUT", "POST"])
+    @permission_classes([AllowAny])
+    def upsert(request: Request) -> Response:
+        return Response(status=201)
+
+    with pytest.raises(ImproperlyConfigured, match=r"<locals>\.upsert\): above it"):
+        idempotent(operation="upsert")(upsert)
 
 
 def test_on_a_viewset_names_the_mixin():

@@ -132,3 +132,67 @@ class TestLeaseModeUnderAtomicRequests:
         assert first.status_code == 201
         assert is_replay(again)
         assert Order.objects.count() == 1
+
+
+class TestMixinOrder:
+    """A DRF class ahead of the mixin would shadow it: refused when the class is made."""
+
+    def test_the_create_mixin_after_a_viewset_is_refused(self):
+        from rest_framework import viewsets
+
+        from idempotency.drf import IdempotentCreateMixin
+
+        with pytest.raises(ImproperlyConfigured) as refused:
+
+            class OrderViewSet(viewsets.ModelViewSet, IdempotentCreateMixin):
+                pass
+
+        message = str(refused.value)
+        assert "CreateModelMixin.create" in message
+        assert "Put IdempotentCreateMixin before the DRF classes" in message
+        assert "OrderViewSet" in message
+
+    def test_a_create_view_that_subclasses_a_drf_base_is_refused_too(self):
+        from rest_framework import generics, mixins
+
+        from idempotency.drf import IdempotentCreateMixin
+
+        class Logged(mixins.CreateModelMixin):
+            def create(self, request, *args, **kwargs):
+                return super().create(request, *args, **kwargs)
+
+        # ``Logged.create`` delegates to DRF's, which never reaches the mixin.
+        with pytest.raises(ImproperlyConfigured, match="CreateModelMixin.create"):
+
+            class View(Logged, IdempotentCreateMixin, generics.GenericAPIView):
+                pass
+
+    def test_the_general_mixin_after_api_view_is_refused(self):
+        from rest_framework.views import APIView
+
+        from idempotency.drf import IdempotentMixin
+
+        refused = r"APIView.handle_exception.*IdempotentMixin"
+        with pytest.raises(ImproperlyConfigured, match=refused):
+
+            class View(APIView, IdempotentMixin):
+                pass
+
+    def test_the_right_order_and_a_delegating_mixin_ahead_are_served(self):
+        from rest_framework import viewsets
+
+        from idempotency.drf import IdempotentCreateMixin
+
+        class Audited:
+            def create(self, request, *args, **kwargs):
+                return super().create(request, *args, **kwargs)  # type: ignore[misc]
+
+        class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet):
+            def create(self, request, *args, **kwargs):
+                return super().create(request, *args, **kwargs)
+
+        class AuditedViewSet(Audited, IdempotentCreateMixin, viewsets.ModelViewSet):
+            pass
+
+        assert OrderViewSet.__mro__.index(IdempotentCreateMixin) < 3
+        assert AuditedViewSet.create is Audited.create

@@ -273,3 +273,22 @@ class TestQueryString:
         )
         request.GET = QueryDict("x=1")  # as a middleware may set it
         assert default_fingerprint(request) == post_json('{"sku": "a"}', path="/orders/?x=1")
+
+
+class TestBodyText:
+    """The body's bytes are decoded strictly, before the parse: json.loads on bytes is not."""
+
+    @pytest.mark.parametrize("bad", [b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xff", b"\xc0\xaf"])
+    def test_bytes_that_are_not_utf8_are_refused(self, bad):
+        raw = b'{"sku": "a", "note": "' + bad + b'"}'
+        with pytest.raises(RequestInvalid, match="not valid UTF-8 text"):
+            parse_json(raw)
+
+    def test_utf16_detected_by_its_zeros_and_a_bom_are_still_read(self):
+        text = '{"sku": "é"}'
+        assert parse_json(text.encode("utf-16-le")) == {"sku": "é"}
+        assert parse_json(b"\xef\xbb\xbf" + text.encode()) == {"sku": "é"}
+
+    def test_an_escaped_surrogate_is_json_text_and_is_left_to_the_view(self):
+        # ASCII on the wire: valid UTF-8; what the view makes of "\ud800" is its own business.
+        assert parse_json(b'{"note": "\\ud800"}') == {"note": "\ud800"}

@@ -193,6 +193,21 @@ def test_events_without_an_id_never_share_the_key_none():
 
 
 @pytest.mark.django_db
+def test_a_key_function_that_raises_is_refused_naming_it_and_the_exception():
+    @idempotent_function(scope="events", key=lambda event: event["id"])
+    def handle(event: dict) -> None:
+        calls.append(event)
+
+    with pytest.raises(KeyInvalid) as caught:
+        handle({"amount": 1})
+    detail = caught.value.detail
+    assert f"The key function of {__name__}.{handle.__qualname__}, " in detail
+    assert "<locals>.<lambda>, raised KeyError: 'id'" in detail
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert calls == [] and not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db
 def test_a_scope_function_without_a_scope_is_refused():
     guarded = idempotent_function(scope=lambda event: None, key=lambda event: event["id"])(
         lambda event: 1

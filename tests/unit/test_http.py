@@ -472,6 +472,8 @@ class TestOversizeResponse:
         assert "Content-Type" not in second
         assert second["Location"] == first["Location"]
         assert is_replay(second)
+        assert second["Idempotency-Replay"] == "omitted"  # the empty body says what it is
+        assert "Idempotency-Replay" not in first
         assert Order.objects.count() == 1
 
     def test_body_at_the_limit_is_stored(self, client):
@@ -481,6 +483,7 @@ class TestOversizeResponse:
             second = post(client, "/big/", {"size": 40})
         assert len(first.content) == size
         assert second.content == first.content
+        assert is_replay(second) and "Idempotency-Replay" not in second
 
     def test_body_over_the_limit_is_not_stored(self, client):
         with override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 1024}):
@@ -488,7 +491,19 @@ class TestOversizeResponse:
             second = post(client, "/big/", {"size": 2000})
         assert second.status_code == 201
         assert second.content == b""
+        assert second["Idempotency-Replay"] == "omitted"
         assert Order.objects.count() == 1
+
+
+class TestReplayedHeader:
+    @override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"})
+    def test_the_marker_is_named_by_the_setting(self, client):
+        first = post(client, "/orders/", ORDER)
+        second = post(client, "/orders/", ORDER)
+        assert "Idempotency-Replayed" not in first
+        assert second["Idempotency-Replayed"] == "true"
+        assert "Idempotent-Replayed" not in second
+        assert second.content == first.content
 
 
 def wrapped_errors(exc, context):

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 from django.test import AsyncClient, override_settings
 from django.utils import timezone
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Schema
 from openapi_spec_validator import validate
 
 from idempotency.models import IdempotencyRecord, Status
@@ -388,6 +388,44 @@ class TestOpenAPI:
         generated = other.get_openapi_schema(path_prefix="")
         (header,) = generated["paths"]["/x"]["post"]["parameters"]
         assert (header["required"], header["schema"]["maxLength"]) == (False, 64)
+
+    def test_the_errors_follow_the_shape_a_renderer_declares(self):
+        def render(request, error, status):
+            raise AssertionError("only its declaration is read here")
+
+        render.openapi_schema = {"type": "object", "required": ["error"]}  # type: ignore[attr-defined]
+        render.media_type = "application/vnd.shop.error+json"  # type: ignore[attr-defined]
+        with override_settings(IDEMPOTENCY={"ERROR_FORMAT": render}):
+            other = NinjaAPI(urls_namespace="tests-ninja-error-shape")
+
+            class Created(Schema):
+                id: int
+
+            @other.post("/x", response={201: Created})
+            @idempotent()
+            def create(request):
+                return 201, {"id": 1}
+
+            generated = json.loads(json.dumps(other.get_openapi_schema(path_prefix="")))
+        validate(generated)
+        component = generated["components"]["schemas"]["IdempotencyProblem"]
+        assert component == render.openapi_schema  # type: ignore[attr-defined]
+        responses = generated["paths"]["/x"]["post"]["responses"]
+        assert set(responses["409"]["content"]) == {"application/vnd.shop.error+json"}
+
+    @override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"})
+    def test_the_replay_headers_are_named_as_configured(self):
+        other = NinjaAPI(urls_namespace="tests-ninja-replayed")
+
+        @other.post("/x")
+        @idempotent()
+        def create(request):
+            return {}
+
+        generated = other.get_openapi_schema(path_prefix="")
+        headers = generated["paths"]["/x"]["post"]["responses"][200]["headers"]
+        assert set(headers) == {"Idempotency-Replayed", "Idempotency-Replay"}
+        assert headers["Idempotency-Replay"]["schema"]["enum"] == ["omitted"]
 
 
 @pytest.mark.django_db(transaction=True)

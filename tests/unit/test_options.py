@@ -42,6 +42,11 @@ def policy(response: Any) -> Status:
     return Status.SUCCEEDED
 
 
+def render(request: Any, error: Any, status: int) -> HttpResponse:
+    render.seen = error.code  # type: ignore[attr-defined]
+    return HttpResponse(status=status)
+
+
 # For each option: the value every entry point is given, and how its effect is seen in
 # what reached the protocol (``seen``: the Operation, the outcome, and the entry point).
 VALUES: dict[str, Any] = {
@@ -61,6 +66,7 @@ VALUES: dict[str, Any] = {
     "wait_seconds": 2.5,
     "in_flight": "wait",
     "using": "default",
+    "error_format": render,
 }
 BODY = {"a": 1, "b": 2}
 
@@ -87,6 +93,7 @@ def _check(name: str, seen: dict[str, Any]) -> bool:
         "wait_seconds": lambda: operation.wait_seconds == 2.5,
         "in_flight": lambda: operation.in_flight == "wait",
         "using": lambda: operation.using == "default",
+        "error_format": lambda: seen["rendered"] == "idempotency_key_missing",
     }[name]()
 
 
@@ -244,6 +251,11 @@ def test_each_entry_point_honours_each_option_it_takes(
         seen["material"] = [canonical("material")]
     if name == "exclude":
         seen["hash_without_b"] = seen["operation"].request_hash
+    if name == "error_format":
+        render.seen = None  # type: ignore[attr-defined]
+        with pytest.raises(KeyMissing):  # no key: the error the renderer renders
+            call(given, {})
+        seen["rendered"] = getattr(render, "seen", None)
     if name == "required":
         try:
             call(given, {})

@@ -120,6 +120,38 @@ def test_other_operations_are_left_alone(schema, path, method):
         assert "Idempotent-Replayed" not in response.get("headers", {})
 
 
+def test_the_replay_headers_are_named_as_configured():
+    with override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"}):
+        generated = generate()
+    headers = generated["paths"]["/orders/"]["post"]["responses"]["201"]["headers"]
+    assert {"Idempotency-Replayed", "Idempotency-Replay"} <= set(headers)
+    assert "Idempotent-Replayed" not in headers
+    assert headers["Idempotency-Replay"]["schema"]["enum"] == ["omitted"]
+
+
+def stripe_error(request: Any, error: Any, status: int) -> Any:
+    raise AssertionError("only its declaration is read here")
+
+
+stripe_error.openapi_schema = {  # type: ignore[attr-defined]
+    "type": "object",
+    "properties": {"error": {"type": "object"}},
+    "required": ["error"],
+}
+
+
+def test_the_errors_follow_the_shape_a_renderer_declares():
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": stripe_error}):
+        generated = generate()
+    validate(generated)
+    component = generated["components"]["schemas"]["IdempotencyProblem"]
+    assert component == stripe_error.openapi_schema  # type: ignore[attr-defined]
+    responses = generated["paths"]["/orders/"]["post"]["responses"]
+    for status in ("409", "422"):
+        assert set(responses[status]["content"]) == {"application/json"}
+    assert "Retry-After" in responses["409"]["headers"]
+
+
 def test_problem_responses_carry_their_codes_and_retry_after(schema):
     responses = schema["paths"]["/orders/"]["post"]["responses"]
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
