@@ -8,10 +8,11 @@ and canonical body (``idempotency.fingerprint`` canonicalises; this reads).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
@@ -107,13 +108,35 @@ def build_operation(
     django_request = django_request_of(request)
     scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
     return options.call(
-        str(scope_function(request, name)),
+        checked_scope(scope_function, scope_function(request, name)),
         key,
         request_hash(request, options),
         name,
         method=django_request.method or "",
         path=django_request.path,
     )
+
+
+def checked_scope(function: Callable[..., Any], scope: object) -> str:
+    """The scope a view's scope function gave, refused unless a non-empty string.
+
+    ``None`` means it found no caller: refused as an anonymous request is (403), never
+    turned into a scope of its own that every such caller would share.
+    """
+    if scope is None:
+        raise ScopeUnavailable(
+            f"The scope function {_name_of(function)} found no caller for this request."
+        )
+    if not isinstance(scope, str) or not scope:
+        raise ImproperlyConfigured(
+            f"The scope function {_name_of(function)} returned {scope!r}: it should return "
+            "the scope as a non-empty string, or None for a request without a caller."
+        )
+    return scope
+
+
+def _name_of(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
 
 
 def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:

@@ -1,10 +1,11 @@
-"""Reading what a protected request is (``idempotency.request``): a key function's failures."""
+"""What a protected request is (``idempotency.request``): key and scope functions' failures."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 
@@ -56,4 +57,45 @@ def test_a_client_error_a_key_function_raises_is_the_frameworks_to_answer():
     view = idempotent(key=missing)(lambda request: HttpResponse(status=201))
     with pytest.raises(Http404):
         _post(view, {"id": "e-1"})
+    assert not IdempotencyRecord.objects.exists()
+
+
+def _scoped_view(scope_function):
+    @idempotent(scope=scope_function)
+    def view(request: HttpRequest) -> HttpResponse:
+        return JsonResponse({"ok": True}, status=201)
+
+    return view
+
+
+def _post_with_key(view) -> HttpResponse:
+    request = RequestFactory().post(
+        "/scoped/",
+        json.dumps({"a": 1}),
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    return view(request)
+
+
+def test_a_scope_function_that_finds_no_caller_is_refused_not_shared():
+    # Two callers without a scope must not share one named "None" (one's replay is the other's).
+    def no_caller(request, operation):
+        return None
+
+    response = _post_with_key(_scoped_view(no_caller))
+
+    assert response.status_code == 403
+    assert json.loads(response.content)["code"] == "idempotency_scope_unavailable"
+    assert b"no_caller" in response.content
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("scope", ["", 42, b"user:1"])
+def test_a_scope_function_that_returns_no_string_names_itself(scope):
+    def odd_scope(request, operation):
+        return scope
+
+    with pytest.raises(ImproperlyConfigured, match="odd_scope"):
+        _post_with_key(_scoped_view(odd_scope))
     assert not IdempotencyRecord.objects.exists()
