@@ -7,9 +7,9 @@ each shard's pass runs with its connection switched to the shard's schema
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from idempotency.progress import OnProgress, Progress
 from idempotency.recovery import RecoveryReport, recover_expired
@@ -17,6 +17,8 @@ from idempotency.retention import purge
 from idempotency.shards import Shard, shards
 
 __all__ = ["purge_everywhere", "recover_everywhere", "total"]
+
+T = TypeVar("T")
 
 
 def purge_everywhere(
@@ -26,12 +28,7 @@ def purge_everywhere(
 
     ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
     """
-    visited, done = shards(database), []
-    for shard in visited:
-        with shard.active():
-            report = _labelled(progress, shard, visited)
-            done.append((shard, purge(database=shard.alias, progress=report, **options)))
-    return done
+    return _in_every_shard(purge, database, progress, options)
 
 
 def recover_everywhere(
@@ -41,11 +38,20 @@ def recover_everywhere(
 
     ``progress`` as for ``purge_everywhere``.
     """
+    return _in_every_shard(recover_expired, database, progress, options)
+
+
+def _in_every_shard(
+    service: Callable[..., T],
+    database: str | None,
+    progress: OnProgress | None,
+    options: dict[str, Any],
+) -> list[tuple[Shard, T]]:
     visited, done = shards(database), []
     for shard in visited:
         with shard.active():
             report = _labelled(progress, shard, visited)
-            done.append((shard, recover_expired(database=shard.alias, progress=report, **options)))
+            done.append((shard, service(database=shard.alias, progress=report, **options)))
     return done
 
 

@@ -22,17 +22,14 @@ _AGE = re.compile(r"^\s*(\d+)\s*([dhms])\s*$", re.IGNORECASE)
 _UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 
-def add_dry_run_and_batch_size(
-    parser: ArgumentParser, *, dry_run: str, batch: str, setting: str
-) -> None:
-    """``--dry-run`` (whose help is ``dry_run``) and ``--batch-size N`` (default: ``setting``)."""
+def add_shared_arguments(parser: ArgumentParser, *, dry_run: str, batch: str, setting: str) -> None:
+    """What both commands take: ``--dry-run`` (whose help is ``dry_run``), ``--batch-size N``
+    (default: ``setting``), ``--database`` and ``--progress-every``."""
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
     parser.add_argument(
         "--batch-size", metavar="N", help=f"{batch} (default: IDEMPOTENCY[{setting!r}])."
     )
-
-
-def add_progress_every(parser: ArgumentParser) -> None:
+    add_database_argument(parser)
     parser.add_argument(
         "--progress-every",
         metavar="SECONDS",

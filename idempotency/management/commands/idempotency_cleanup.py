@@ -11,9 +11,7 @@ from idempotency.fanout import purge_everywhere
 from idempotency.management._common import (
     ProgressLines,
     Stopwatch,
-    add_database_argument,
-    add_dry_run_and_batch_size,
-    add_progress_every,
+    add_shared_arguments,
     chosen_database,
     parse_age,
     positive_int,
@@ -32,7 +30,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        add_dry_run_and_batch_size(
+        add_shared_arguments(
             parser,
             dry_run="Count what would be deleted; delete nothing.",
             batch="Rows deleted per transaction",
@@ -54,8 +52,6 @@ class Command(BaseCommand):
         parser.add_argument(
             "--scope", help="Only records of this scope; a trailing * matches a prefix."
         )
-        add_database_argument(parser)
-        add_progress_every(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run = bool(options["dry_run"])

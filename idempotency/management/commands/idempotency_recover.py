@@ -16,9 +16,7 @@ from idempotency.fanout import recover_everywhere, total
 from idempotency.management._common import (
     ProgressLines,
     Stopwatch,
-    add_database_argument,
-    add_dry_run_and_batch_size,
-    add_progress_every,
+    add_shared_arguments,
     chosen_database,
     positive_int,
     records,
@@ -44,14 +42,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        add_dry_run_and_batch_size(
+        add_shared_arguments(
             parser,
             dry_run="Ask the resolvers and report what would happen; change nothing.",
             batch="Records per transaction",
             setting="RECOVERY_BATCH_SIZE",
         )
-        add_database_argument(parser)
-        add_progress_every(parser)
         parser.add_argument(
             "--id",
             action="append",
