@@ -24,6 +24,7 @@ from idempotency.recovery import settle
 from idempotency.resolvers import resolver_for
 from idempotency.retention import retention_for
 from idempotency.stores import Candidate
+from idempotency.stores.generic import renewed
 
 Claimed = tuple["Attempt | None", IdempotencyRecord | None]
 
@@ -68,6 +69,10 @@ def claim_committed(operation: Operation) -> Claimed:
 def _settle_claim(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
     if record.owner_token == token:
         return _claimed(operation, record, token, reclaimed=False), None
+    if _expired(record):
+        # Its window has passed: the key is new, whatever the old request was.
+        _reclaim(operation, record, token, fresh=_candidate(operation, token))
+        return _claimed(operation, record, token, reclaimed=False, replaced=True), None
     if record.request_hash != operation.request_hash:
         signals.key_reused.send(IdempotencyRecord, record=record, operation=operation)
         raise KeyReused()
@@ -79,6 +84,11 @@ def _settle_claim(operation: Operation, record: IdempotencyRecord, token: str) -
     if _lease_lost(record):
         return _after_lost_lease(operation, record, token)
     raise InFlightHere(record)
+
+
+def _expired(record: IdempotencyRecord) -> bool:
+    """Its ``expires_at`` has passed, by the database's clock (the store's ``expired``)."""
+    return bool(getattr(record, "expired", False))
 
 
 def _lease_lost(record: IdempotencyRecord) -> bool:
@@ -117,6 +127,8 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
         )
     if record is None or record.owner_token == token:
         return record
+    if _expired(record):
+        return None  # replaced on the locked path, under the row's lock
     if record.status in REPLAYABLE or record.request_hash != operation.request_hash:
         return record
     return None
@@ -145,19 +157,40 @@ def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
 
 
 def _claimed(
-    operation: Operation, record: IdempotencyRecord, token: str, *, reclaimed: bool
+    operation: Operation,
+    record: IdempotencyRecord,
+    token: str,
+    *,
+    reclaimed: bool,
+    replaced: bool = False,
 ) -> Attempt:
     replay_share.seen(operation.name, replayed=False)
-    if operation.mode == "lease" and not reclaimed and record.lease_until is None:
+    leased = reclaimed or replaced  # ``reclaim`` took the lease
+    if operation.mode == "lease" and not leased and record.lease_until is None:
         operation.store.renew(record.pk, token, lease_length(operation))
     signals.record_claimed.send(
-        IdempotencyRecord, record=record, operation=operation, reclaimed=reclaimed
+        IdempotencyRecord,
+        record=record,
+        operation=operation,
+        reclaimed=reclaimed,
+        replaced=replaced,
     )
     return Attempt(operation=operation, record=record, owner_token=token)
 
 
-def _reclaim(operation: Operation, record: IdempotencyRecord, token: str) -> None:
+def _reclaim(
+    operation: Operation, record: IdempotencyRecord, token: str, fresh: Candidate | None = None
+) -> None:
+    """Hand the locked record to ``token``; with ``fresh``, as the new request's first attempt."""
     lease = lease_length(operation) if operation.mode == "lease" else None
-    operation.store.reclaim(record.pk, token, lease=lease)
+    if not operation.store.reclaim(record.pk, token, lease=lease, fresh=fresh):
+        # Only an expired record's takeover is fenced, and the row's lock keeps it
+        # expired: should it still not land, the key is someone else's now.
+        raise KeyInUse(retry_after=idempotency_settings.RETRY_AFTER)
     record.owner_token = token
     record.status = Status.PROCESSING
+    if fresh is not None:
+        for name, value in renewed(fresh).items():
+            if name != "created_at":  # the database's clock: left as read
+                setattr(record, name, value)
+        record.expires_at = record.completed_at = None

@@ -30,7 +30,7 @@ def finish(attempt: Attempt, outcome: Outcome) -> None:
     if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
         raise LeaseLost()
     replay_cache.remember_outcome(
-        operation, attempt.record.pk, outcome, window, values["resource_id"]
+        operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started
     )
     if operation.mode == "lease":
         waiting.durations.add(operation.name, time.monotonic() - attempt.started)

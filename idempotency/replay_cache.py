@@ -6,7 +6,10 @@ already holds for good:
 - only ``SUCCEEDED`` and ``FAILED_FINAL`` outcomes, which never change, and
   only once their transaction has committed (``PROCESSING`` and
   ``FAILED_RETRYABLE`` are never cached);
-- an entry lives no longer than its record's retention window;
+- an entry lives no longer than its record's retention window, and says when
+  that window ends: past it (or within ``EDGE_SECONDS`` of it, where this
+  process's clock and the database's may disagree) the cache does not answer
+  and the claim decides, by the database's clock, that the key is new;
 - the cache key is a digest of the records' namespace (the database alias, and
   the schema its connection is switched to under django-tenants: never shared
   between tenants, whatever the scope says), the scope and the key, and
@@ -64,6 +67,8 @@ logger = logging.getLogger("idempotency")
 PREFIX = "idempotency:replay:1:"
 # Longer than any request takes from reading a record to caching it.
 TOMBSTONE_SECONDS = 300
+# The last seconds of a record's window belong to the database: its clock says when it ends.
+EDGE_SECONDS = 1.0
 _TOMBSTONE = {"forgotten": True}
 
 
@@ -91,13 +96,8 @@ def remember(operation: Operation, record: IdempotencyRecord) -> None:
     """Cache a finished record read from the database, once what read it has committed."""
     if record.status not in REPLAYABLE or _cache() is None:
         return
-    seconds = None
-    if record.expires_at is not None:
-        seconds = record.expires_at.timestamp() - time.time()
-        if seconds <= 0:
-            return
-    entry = _entry(record)
-    transaction.on_commit(lambda: _store(operation, entry, seconds), using=operation.database)
+    ends = None if record.expires_at is None else record.expires_at.timestamp()
+    _remember(operation, _entry(record, ends))
 
 
 def remember_outcome(
@@ -106,8 +106,13 @@ def remember_outcome(
     outcome: Outcome,
     window: timedelta | None,
     resource_id: str,
+    since: float | None = None,
 ) -> None:
-    """Cache the outcome an attempt just recorded, once its transaction commits."""
+    """Cache the outcome an attempt just recorded, once its transaction commits.
+
+    ``since`` (``time.monotonic()``) is when the attempt claimed the record: the
+    window may count from the claim (PostgreSQL's atomic mode), never from later.
+    """
     if outcome.status not in REPLAYABLE or _cache() is None:
         return
     response = outcome.response
@@ -123,8 +128,18 @@ def remember_outcome(
         response_body=response.body if response else None,
         resource_id=resource_id,
     )
-    seconds = None if window is None else window.total_seconds()
-    entry = _entry(record)
+    ends = None
+    if window is not None:
+        ends = time.time() - (0.0 if since is None else time.monotonic() - since)
+        ends += window.total_seconds()
+    _remember(operation, _entry(record, ends))
+
+
+def _remember(operation: Operation, entry: dict[str, Any]) -> None:
+    ends = entry["expires"]
+    seconds = None if ends is None else ends - EDGE_SECONDS - time.time()
+    if seconds is not None and seconds <= 0:
+        return  # the database answers the window's last moments
     transaction.on_commit(lambda: _store(operation, entry, seconds), using=operation.database)
 
 
@@ -193,11 +208,12 @@ _FIELDS = (
 )
 
 
-def _entry(record: IdempotencyRecord) -> dict[str, Any]:
+def _entry(record: IdempotencyRecord, ends: float | None) -> dict[str, Any]:
     entry = {name: getattr(record, name) for name in _FIELDS}
     body = entry["response_body"]
     entry["response_body"] = None if body is None else bytes(body)
     entry["status"] = str(entry["status"])
+    entry["expires"] = ends  # seconds since the epoch; None: kept until an operator acts
     return entry
 
 
@@ -224,11 +240,24 @@ def _answers(entry: object, operation: Operation) -> bool:
         and entry.get("idem_key") == operation.key
         and entry.get("request_hash") == operation.request_hash
         and entry.get("status") in REPLAYABLE
+        and _live(entry.get("expires"))
     )
+
+
+def _live(ends: object) -> bool:
+    """Whether an entry's window still has more than its last ``EDGE_SECONDS`` to run.
+
+    Checked on every lookup, not left to the cache's timeout alone, which a
+    backend may round. An entry cached before entries said when they end has
+    ``None`` here too: its timeout was bounded by the window already.
+    """
+    if ends is None:
+        return True
+    return isinstance(ends, int | float) and time.time() < ends - EDGE_SECONDS
 
 
 def _record(entry: dict[str, Any], database: str) -> IdempotencyRecord:
     """The record as the ORM loads one (bound to ``database``), from the entry's fields."""
-    fields = IdempotencyRecord(**entry)
+    fields = IdempotencyRecord(**{name: entry[name] for name in _FIELDS})
     names = [field.attname for field in IdempotencyRecord._meta.concrete_fields]
     return IdempotencyRecord.from_db(database, names, [getattr(fields, name) for name in names])

@@ -18,7 +18,8 @@ from django.dispatch import Signal
 # disconnect) instead of filtering the list of receivers on every request.
 
 # A request claimed the record and will run the work.
-# record, operation, reclaimed: bool (True when a FAILED_RETRYABLE record was re-claimed)
+# record, operation, reclaimed: bool (True when a FAILED_RETRYABLE record was re-claimed),
+# replaced: bool (True when the key's record had expired: taken over as a new request's)
 record_claimed = Signal(use_caching=True)
 # A repeat was answered from the stored outcome; the work did not run.
 # record, operation

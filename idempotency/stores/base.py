@@ -150,20 +150,22 @@ class Store(ABC):
 
         Returns the inserted record (its ``owner_token`` is the candidate's)
         or the committed record holding the key (another token: read, not
-        locked). Returns ``None`` when the store has no such statement or the
-        statement could not see the record holding the key (one committed
-        after it started): ``core`` then takes the locked path
+        locked), with ``expired`` set as ``lock`` sets it. Returns ``None``
+        when the store has no such statement or the statement could not see
+        the record holding the key (one committed after it started): ``core``
+        then takes the locked path
         (``bounded_lock_wait`` around ``insert_or_lock``). Outside a
         transaction the insert commits by itself.
         """
 
     @abstractmethod
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
-        """The record holding (scope, key) if it is final (``SUCCEEDED``, ``FAILED_FINAL``).
+        """The record holding (scope, key) if final (``SUCCEEDED``, ``FAILED_FINAL``) and live.
 
         One indexed read, no lock, in whatever transaction (or autocommit) the
         connection is in: a final record never changes, so it can be answered
-        as read. ``None`` when there is no such record or it is not final.
+        as read. ``None`` when there is no such record, it is not final, or its
+        ``expires_at`` has passed by the database's clock (the key is new again).
         """
 
     @abstractmethod
@@ -185,16 +187,25 @@ class Store(ABC):
 
         Annotated with ``lease_remaining``: ``lease_until`` minus the
         database clock (a ``timedelta``, negative once the lease ran out;
-        ``None`` without a lease).
+        ``None`` without a lease), and ``expired``: true when the record is
+        finished or retryable (``PURGEABLE``) and its ``expires_at`` has
+        passed by the database clock (a claim then takes the key as new).
         """
 
     @abstractmethod
-    def reclaim(self, pk: int, token: str, *, lease: timedelta | None) -> None:
+    def reclaim(
+        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
+    ) -> bool:
         """Hand the locked record ``pk`` to the owner ``token`` as ``PROCESSING`` again.
 
         One more attempt, a new version, no outcome and no expiry; with
         ``lease`` a fresh lease. The caller holds the row's lock (it settled
-        the record from ``insert_or_lock`` or ``lock``), so nothing is fenced here.
+        the record from ``insert_or_lock`` or ``lock``).
+
+        With ``fresh`` (an expired record: the key is new again) the record
+        becomes ``fresh``'s: its request, a first attempt, created now, no
+        outcome. That write is fenced as well: it lands only while the record
+        is still expired by the database clock, and returns whether it did.
         """
 
     @abstractmethod

@@ -15,10 +15,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 
-from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import (
+    PURGEABLE,
+    REPLAYABLE,
+    IdempotencyRecord,
+    IdempotencyRecordQuerySet,
+    Status,
+)
 from idempotency.stores.base import Candidate, Contention, Store
 from idempotency.waiting import pauses
 
@@ -38,7 +44,8 @@ class GenericStore(Store):
         return None
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
-        found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)[:1]
+        found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)
+        found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))[:1]
         return next(iter(found), None)
 
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
@@ -48,16 +55,25 @@ class GenericStore(Store):
     def lock(self, pk: int) -> IdempotencyRecord:
         return self.locked().get(pk=pk)
 
-    def reclaim(self, pk: int, token: str, *, lease: timedelta | None) -> None:
-        self.records().filter(pk=pk).update(
-            status=Status.PROCESSING,
-            owner_token=token,
-            lease_until=None if lease is None else Now() + Value(lease),
-            attempts=F("attempts") + 1,
-            version=F("version") + 1,
-            completed_at=None,
-            expires_at=None,
-            updated_at=Now(),
+    def reclaim(
+        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
+    ) -> bool:
+        records = self.records().filter(pk=pk)
+        values: dict[str, Any] = {"attempts": F("attempts") + 1}
+        if fresh is not None:
+            records = records.filter(expired_at_now())
+            values = renewed(fresh)
+        return bool(
+            records.update(
+                **values,
+                status=Status.PROCESSING,
+                owner_token=token,
+                lease_until=None if lease is None else Now() + Value(lease),
+                version=F("version") + 1,
+                completed_at=None,
+                expires_at=None,
+                updated_at=Now(),
+            )
         )
 
     @contextmanager
@@ -152,8 +168,35 @@ class GenericStore(Store):
                 lease_remaining=ExpressionWrapper(
                     F("lease_until") - Now(), output_field=DurationField()
                 ),
+                expired=ExpressionWrapper(expired_at_now(), output_field=BooleanField()),
             )
         )
+
+
+def expired_at_now() -> Q:
+    """A record whose window has passed by the database clock: for a claim, its key is new.
+
+    Only records that can expire (``PURGEABLE``): ``PROCESSING`` (whose atomic-mode
+    claim may carry a success's expiry already) and ``NEEDS_REVIEW`` never are.
+    """
+    return Q(status__in=PURGEABLE, expires_at__lte=Now())
+
+
+def renewed(fresh: Candidate) -> dict[str, Any]:
+    """The columns that make an expired record ``fresh``'s first attempt, as a new one would be."""
+    return {
+        "operation": fresh.operation,
+        "request_hash": fresh.request_hash,
+        "request_method": fresh.request_method,
+        "request_path": fresh.request_path,
+        "response_status": None,
+        "response_headers": [],
+        "response_body": None,
+        "resource_id": "",
+        "attempts": 1,
+        "recovery_attempts": 0,
+        "created_at": Now(),
+    }
 
 
 def _expiry(window: timedelta | None) -> Any:

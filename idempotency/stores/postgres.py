@@ -27,7 +27,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from idempotency.compat import record_from_db, sql_literal
-from idempotency.models import REPLAYABLE, IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import (
+    PURGEABLE,
+    REPLAYABLE,
+    IdempotencyRecord,
+    IdempotencyRecordQuerySet,
+    Status,
+)
 from idempotency.stores.base import Candidate, Contention
 from idempotency.stores.postgres_waiting import PostgresNotifications
 
@@ -140,7 +146,11 @@ class PostgresStore(PostgresNotifications):
                     _restored, *row = cursor.fetchone()
         if claimed is not None:
             return self._claimed_record(claimed, lease_until, candidate)
-        return self._record(self.connection, row)
+        *row, expired = row
+        record = self._record(self.connection, row)
+        if record is not None:
+            record.expired = bool(expired)  # type: ignore[attr-defined]  # as locked() annotates
+        return record
 
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         """One indexed read of the final record, composed once (the ORM costs more than it)."""
@@ -290,9 +300,11 @@ class PostgresStore(PostgresNotifications):
     def _read_final_sql(self) -> str:
         every = ", ".join(self._quote(field.column) for field in _every_field())
         final = ", ".join(f"'{status.value}'" for status in sorted(REPLAYABLE))
+        expires_at = self._column("expires_at")
         return (
             f"SELECT {every} FROM {self._table} WHERE {self._column('scope')} = %s "
-            f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final})"
+            f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final}) "
+            f"AND ({expires_at} IS NULL OR {expires_at} > {_NOW})"
         )
 
     def _claim_sql(self, leased: bool, expires: bool, lock_timeout: str) -> str:
@@ -349,9 +361,15 @@ class PostgresStore(PostgresNotifications):
 
     @cached_property
     def _holding_sql(self) -> str:
+        """The record holding a key, every column, then whether it expired (``expired_at_now``)."""
         every = ", ".join(self._quote(field.column) for field in _every_field())
         scope, key = self._column("scope"), self._column("idem_key")
-        return f"SELECT {every} FROM {self._table} WHERE {scope} = %s AND {key} = %s"
+        expirable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
+        expired = (
+            f"COALESCE({self._column('status')} IN ({expirable}) "
+            f"AND {self._column('expires_at')} <= {_NOW}, FALSE)"
+        )
+        return f"SELECT {every}, {expired} FROM {self._table} WHERE {scope} = %s AND {key} = %s"
 
     @cached_property
     def _conflict_sql(self) -> str:

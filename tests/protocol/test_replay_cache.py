@@ -7,6 +7,7 @@ each under a key prefix of its own.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from django.core.cache import caches
 from django.db import connection, transaction
 from django.test import RequestFactory, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency import replay_cache, signals
@@ -266,14 +268,52 @@ def test_purge_forgets_what_it_deletes(user, cache):
 
 
 def test_an_entry_lives_no_longer_than_the_record(user, cache):
-    with override_settings(IDEMPOTENCY={"REPLAY_CACHE": "replays", "RETENTION": {"SUCCEEDED": 1}}):
+    with override_settings(IDEMPOTENCY={"REPLAY_CACHE": "replays", "RETENTION": {"SUCCEEDED": 5}}):
         post(client_for(user))
         record = IdempotencyRecord.objects.get()
         key = cache.make_and_validate_key(
             replay_cache.cache_key("default", record.scope, record.idem_key)
         )
         ttl = cache._cache.get_client(key).ttl(key)
-    assert 0 < ttl <= 1
+    # The window's last second is left to the database: it decides when the key is new.
+    assert 0 < ttl <= 5 - replay_cache.EDGE_SECONDS
+
+
+def test_an_entry_ends_with_the_window_counted_from_the_claim(user, cache):
+    # Atomic mode on PostgreSQL counts the window from the claim: a slow request's
+    # entry must not outlive its record by the time the work took.
+    with override_settings(IDEMPOTENCY={"REPLAY_CACHE": "replays", "RETENTION": {"SUCCEEDED": 5}}):
+        before = time.time()
+        client_for(user).post(
+            "/orders/?sleep=1.5", ORDER, format="json", headers={"Idempotency-Key": "k-1"}
+        )
+        entry = cached_entry(cache, IdempotencyRecord.objects.get())
+    assert before + 5 - 0.1 < entry["expires"] < before + 5 + 1
+
+
+def test_an_entry_past_its_window_does_not_answer(user, cache):
+    client = client_for(user)
+    post(client)
+    record = IdempotencyRecord.objects.get()
+    key = replay_cache.cache_key("default", record.scope, record.idem_key)
+    # Its timeout has not run out (a backend may round it), but it says the window has.
+    cache.set(key, {**cache.get(key), "expires": time.time() + replay_cache.EDGE_SECONDS / 2})
+    with CaptureQueriesContext(connection) as queries:
+        assert post(client)["Idempotent-Replayed"] == "true"  # the database's answer
+    assert record_queries(queries)
+
+
+def test_an_expired_record_runs_again_though_its_entry_is_cached(user, cache):
+    client = client_for(user)
+    first = post(client)
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    record = IdempotencyRecord.objects.get()
+    key = replay_cache.cache_key("default", record.scope, record.idem_key)
+    cache.set(key, {**cache.get(key), "expires": record.expires_at.timestamp()})
+    again = post(client)
+    assert again.status_code == 201
+    assert "Idempotent-Replayed" not in again
+    assert again.json()["id"] != first.json()["id"]
 
 
 def test_without_the_setting_nothing_is_cached(user, cache):

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 import idempotency
 from idempotency import core, signals, stores
@@ -194,6 +195,77 @@ class TestContract:
         assert reclaimed.lease_remaining > timedelta(0)  # type: ignore[attr-defined]
         assert store.discard(record.pk, "c" * 32)
         assert not IdempotencyRecord.objects.exists()
+
+    def expired(self, status: Status = Status.SUCCEEDED, **values: Any) -> IdempotencyRecord:
+        return IdempotencyRecordFactory(
+            scope="user:1:things",
+            idem_key="k-1",
+            succeeded=True,
+            status=status,
+            request_hash=fingerprint(["another request"]),
+            expires_at=timezone.now() - timedelta(seconds=1),
+            **values,
+        )
+
+    @pytest.mark.parametrize(
+        ("status", "expired"),
+        [
+            (Status.SUCCEEDED, True),
+            (Status.FAILED_FINAL, True),
+            (Status.FAILED_RETRYABLE, True),
+            (Status.PROCESSING, False),
+            (Status.NEEDS_REVIEW, False),
+        ],
+    )
+    def test_only_a_finished_or_retryable_record_past_its_expiry_is_expired(
+        self, store, status, expired
+    ):
+        record = self.expired(status)
+        with transaction.atomic():
+            assert store.lock(record.pk).expired is expired  # type: ignore[attr-defined]
+            held = store.insert_or_lock(candidate("b" * 32))
+            assert held is not None and held.expired is expired  # type: ignore[attr-defined]
+        claimed = store.claim(candidate("b" * 32), lease=None, lock_timeout=1.0)
+        if claimed is not None:  # the one-statement claim reads it as the lock does
+            assert claimed.pk == record.pk and claimed.expired is expired  # type: ignore[attr-defined]
+        IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
+        with transaction.atomic():
+            assert store.lock(record.pk).expired is False  # type: ignore[attr-defined]
+
+    def test_read_final_does_not_read_an_expired_record(self, store):
+        record = self.expired()
+        assert store.read_final(record.scope, record.idem_key) is None
+        IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
+        assert store.read_final(record.scope, record.idem_key).pk == record.pk
+        IdempotencyRecord.objects.update(expires_at=None)  # kept until an operator acts
+        assert store.read_final(record.scope, record.idem_key).pk == record.pk
+
+    def test_reclaim_makes_an_expired_record_the_new_requests_first_attempt(self, store):
+        record = self.expired(attempts=3, recovery_attempts=2)
+        with transaction.atomic():
+            assert store.reclaim(store.lock(record.pk).pk, "c" * 32, lease=LEASE, fresh=candidate())
+        fresh = IdempotencyRecord.objects.get()
+        assert (fresh.status, fresh.owner_token, fresh.request_hash) == (
+            Status.PROCESSING,
+            "c" * 32,
+            HASH,
+        )
+        assert (fresh.operation, fresh.request_path) == ("things.create", "/things/")
+        assert (fresh.attempts, fresh.recovery_attempts, fresh.version) == (1, 0, 2)
+        assert fresh.response_status is None and fresh.response_body is None
+        assert fresh.response_headers == [] and fresh.resource_id == ""
+        assert fresh.expires_at is None and fresh.completed_at is None
+        assert fresh.created_at > record.created_at
+        assert fresh.lease_until is not None
+
+    def test_reclaim_as_new_is_fenced_by_the_expiry(self, store):
+        # A record another claim already took over (or one still live) is not taken again.
+        record = self.expired()
+        IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
+        assert not store.reclaim(record.pk, "c" * 32, lease=None, fresh=candidate())
+        IdempotencyRecord.objects.update(status=Status.PROCESSING, expires_at=None)
+        assert not store.reclaim(record.pk, "c" * 32, lease=None, fresh=candidate())
+        assert IdempotencyRecord.objects.get().owner_token == record.owner_token
 
     def test_delete_batch_deletes_the_batch_only(self, store):
         expired = IdempotencyRecordFactory.create_batch(5, succeeded=True, expired=True)
