@@ -128,7 +128,6 @@ class Store(ABC):
 
     # The claim
 
-    @abstractmethod
     def claim(
         self,
         candidate: Candidate,
@@ -157,6 +156,7 @@ class Store(ABC):
         (``bounded_lock_wait`` around ``insert_or_lock``). Outside a
         transaction the insert commits by itself.
         """
+        return None  # no such statement: the locked path is the claim
 
     @abstractmethod
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:

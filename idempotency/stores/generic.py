@@ -33,16 +33,6 @@ _SQLITE_BUSY = ("database is locked", "database table is locked")
 
 
 class GenericStore(Store):
-    def claim(
-        self,
-        candidate: Candidate,
-        *,
-        lease: timedelta | None,
-        lock_timeout: float,
-        expires_in: timedelta | None = None,
-    ) -> IdempotencyRecord | None:
-        return None
-
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)
         found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))[:1]

@@ -32,7 +32,6 @@ import hashlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
@@ -50,16 +49,6 @@ _RETRY = frozenset({1213})
 
 
 class MySQLStore(GenericStore):
-    def claim(
-        self,
-        candidate: Candidate,
-        *,
-        lease: timedelta | None,
-        lock_timeout: float,
-        expires_in: timedelta | None = None,
-    ) -> IdempotencyRecord | None:
-        return None  # the locked path is the claim
-
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         # A duplicate of a key already held queues on the row with a record lock
         # only (READ COMMITTED locks no gap for an equality read of a unique key).
