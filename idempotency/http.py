@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http.response import HttpResponseBase
 
 from idempotency import tracing
@@ -42,8 +42,8 @@ from idempotency.core import (
     execute,
 )
 from idempotency.exceptions import (
-    OUTAGE_ERRORS,
     IdempotencyError,
+    is_outage,
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.problems import error_status, problem_response
@@ -139,7 +139,9 @@ def protect(
                 result = _execute(request, view, options, key, name)
         if result is None:
             return view()
-    except OUTAGE_ERRORS as exc:  # first: a DatabaseUnavailable is one too
+    except DatabaseError as exc:  # first: a DatabaseUnavailable is one too
+        if not is_outage(exc):
+            raise
         return outage_response(request, exc)
     except IdempotencyError as error:
         return error_response(request, error)

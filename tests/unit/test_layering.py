@@ -104,6 +104,7 @@ LAYERS: list[set[str]] = [
         "idempotency.logs",
         "idempotency.tracing",
         "idempotency.shards",
+        "idempotency.unmigrated",
         "idempotency.fanout",
     },
     {
