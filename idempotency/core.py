@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
 
 from idempotency import replay_cache, signals, waiting
 from idempotency.claim import Claimed, claim, claim_committed
@@ -78,7 +79,7 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
         if final is not None:
             return _replay(operation, final, replay)
         return _execute_atomic(operation, work, decide, replay)
-    except DatabaseError as exc:
+    except DjangoDatabaseError as exc:  # InterfaceError too, which is no DatabaseError
         if isinstance(exc, IdempotencyError):
             raise
         if is_outage(exc):

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import Error as DjangoDatabaseError
+from django.db import connections
 from django.http.response import HttpResponseBase
 
 from idempotency import tracing
@@ -139,7 +140,7 @@ def protect(
                 result = _execute(request, view, options, key, name)
         if result is None:
             return view()
-    except DatabaseError as exc:  # first: a DatabaseUnavailable is one too
+    except DjangoDatabaseError as exc:  # first: a DatabaseUnavailable is one too
         if not is_outage(exc):
             raise
         return outage_response(request, exc)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError
+from django.db import Error as DjangoDatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
@@ -232,7 +232,7 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
             token = _CURRENT.set(operation)
             try:
                 return await run(request, *args, **kwargs)
-            except DatabaseError as exc:  # ninja's authentication runs before the operation
+            except DjangoDatabaseError as exc:  # ninja's authentication runs before the operation
                 if not is_outage(exc):
                     raise
                 return await sync_to_async(outage_response)(request, exc)
@@ -249,7 +249,7 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
         token = _CURRENT.set(operation)
         try:
             return run(request, *args, **kwargs)
-        except DatabaseError as exc:  # ninja's authentication runs before the operation
+        except DjangoDatabaseError as exc:  # ninja's authentication runs before the operation
             if not is_outage(exc):
                 raise
             return outage_response(request, exc)

@@ -53,7 +53,7 @@ def missing_per_shard(alias: str) -> dict[Shard, str]:
     return found
 
 
-def not_migrated(error: DatabaseError, alias: str) -> ImproperlyConfigured | None:
+def not_migrated(error: BaseException, alias: str) -> ImproperlyConfigured | None:
     """``error``, a missing table or column, as the records' schema not migrated; else ``None``.
 
     ``None`` for the view's own tables. Logged here, once, with what to run:

@@ -9,6 +9,7 @@ tests/deployment/test_pgbouncer_outage.py meets them for real behind PgBouncer.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -209,3 +210,60 @@ def test_mariadb_lock_wait_timeout_and_statement_timeout_are_outages():
             cursor.execute("DROP TABLE IF EXISTS outage_lock")
     assert waited.__cause__.args[0] == 1205 and is_outage(waited)
     assert slow.__cause__.args[0] == 1969 and is_outage(slow)
+
+
+# --- what a protected view answers ---------------------------------------------------
+
+
+def failing_view(error: Exception):
+    from django.http import HttpResponse
+
+    from idempotency import idempotent
+
+    @idempotent()
+    def view(request) -> HttpResponse:
+        raise error
+
+    return view
+
+
+def protected_post(view, user):
+    from django.test import RequestFactory
+
+    request = RequestFactory().post(
+        "/failing/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-failing"
+    )
+    request.user = user
+    return view(request)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "error",
+    [
+        wrapped(psycopg, psycopg.InterfaceError("the connection is closed")),  # no DatabaseError
+        wrapped(psycopg, psycopg.InternalError("received 2 results from command 'COMMIT'")),
+        wrapped(psycopg, psycopg.errors.lookup("08P01")("server conn crashed?")),
+        wrapped(sqlite3, sqlite3.OperationalError("database is locked")),
+    ],
+    ids=repr,
+)
+def test_a_view_meeting_an_outage_answers_503(error: Exception, admin_user):
+    response = protected_post(failing_view(error), admin_user)
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert json.loads(response.content)["code"] == "database_unavailable"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "error",
+    [
+        wrapped(psycopg, psycopg.errors.lookup("XX000")("a genuine internal error")),
+        wrapped(sqlite3, sqlite3.OperationalError("no such column: orders.note")),  # its own table
+    ],
+    ids=repr,
+)
+def test_a_view_meeting_another_database_error_raises_it(error: Exception, admin_user):
+    with pytest.raises(type(error)):
+        protected_post(failing_view(error), admin_user)
