@@ -23,13 +23,14 @@ from idempotency import replay_cache, signals, waiting
 from idempotency.claim import Claimed, claim, claim_committed
 from idempotency.conf import IN_FLIGHT, MODES, InFlight, Mode, idempotency_settings
 from idempotency.contention import CLAIM_RETRIES, InFlightHere, in_use, retried
-from idempotency.exceptions import DatabaseUnavailable, IdempotencyError, is_outage
+from idempotency.exceptions import DatabaseUnavailable, IdempotencyError
 from idempotency.finish import finish, release
 from idempotency.models import REPLAYABLE, IdempotencyRecord
 from idempotency.operation import Attempt, Operation, bounded_scope
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.read_first import ReplayShare, read_first, replay_share
 from idempotency.settings_checks import validate_settings
+from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
 from idempotency.write_guard import writes_only_to
 

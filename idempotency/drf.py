@@ -24,7 +24,7 @@ from rest_framework.settings import api_settings
 
 from idempotency.compat import mark_logged
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import IdempotencyError, is_outage
+from idempotency.exceptions import IdempotencyError
 from idempotency.http import (
     KEY_FORM_FIELD,
     SAFE_METHODS,
@@ -45,6 +45,7 @@ from idempotency.options import (
     options_from_attributes,
 )
 from idempotency.resolvers import register
+from idempotency.stores.errors import is_outage
 
 
 def _operation_name(view: type, action: str) -> str:

@@ -44,7 +44,6 @@ from idempotency.core import (
 )
 from idempotency.exceptions import (
     IdempotencyError,
-    is_outage,
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.problems import error_status, problem_response
@@ -69,6 +68,7 @@ from idempotency.request import (
     request_hash,
 )
 from idempotency.settings_checks import validate_settings
+from idempotency.stores.errors import is_outage
 
 __all__ = [
     "KEY_FORM_FIELD",
@@ -90,6 +90,7 @@ __all__ = [
     "fields_hash",
     "header_key",
     "is_client_error",
+    "is_outage",
     "json_body",
     "mark_final",
     "outage_response",

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from idempotency import openapi
 from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import OUTAGE_CLASSES, IdempotencyError, RequestInvalid, is_outage
+from idempotency.exceptions import IdempotencyError, RequestInvalid
 from idempotency.http import (
     SAFE_METHODS,
     aprotect,
@@ -43,6 +43,7 @@ from idempotency.http import (
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
+from idempotency.stores.errors import OUTAGE_CLASSES, is_outage
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

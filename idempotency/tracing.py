@@ -29,9 +29,9 @@ from idempotency.exceptions import (
     KeyInUse,
     KeyReused,
     LeaseLost,
-    is_outage,
 )
 from idempotency.stores import records_database, store_for
+from idempotency.stores.errors import is_outage
 
 try:
     from opentelemetry import trace

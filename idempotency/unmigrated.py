@@ -13,9 +13,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from idempotency.exceptions import is_schema_error
 from idempotency.models import IdempotencyRecord
 from idempotency.shards import Shard, shards
+from idempotency.stores.errors import is_schema_error
 
 logger = logging.getLogger("idempotency")
 
@@ -37,8 +37,7 @@ def missing(alias: str) -> str | None:
     unapplied = [migration.name for migration, _ in plan if migration.app_label == APP]
     if unapplied:
         return f"migrations not applied: {', '.join(unapplied)}"
-    with connection.cursor() as cursor:
-        tables = connection.introspection.table_names(cursor)
+    tables = connection.introspection.table_names()
     return None if TABLE in tables else f"table {TABLE} missing"
 
 

@@ -4,7 +4,7 @@ When PgBouncer loses the server connection a client's transaction runs on, the
 client hears it in PgBouncer's words (``server conn crashed?``, SQLSTATE 08P01),
 in the server's (57P01), or, when the replies have come out of step with the
 commands, as psycopg's own ``InternalError: received 2 results from command
-'BEGIN'``. Each is an outage (``idempotency.exceptions.is_outage``), answered
+'BEGIN'``. Each is an outage (``idempotency.stores.errors.is_outage``), answered
 ``503`` with ``Retry-After`` like a connection lost direct to PostgreSQL; none
 is Django's HTML 500.
 
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from idempotency.exceptions import is_outage
+from idempotency.stores.errors import is_outage
 from tests.deployment.test_pgbouncer import behind_pgbouncer  # noqa: F401  (autouse)
 from tests.example_server import Server, example_project, gunicorn, server_connection
 from tests.protocol.test_outage_http import (

@@ -96,6 +96,7 @@ LAYERS: list[set[str]] = [
         "idempotency.stores.generic",
         "idempotency.stores.mysql",
         "idempotency.stores.postgres",
+        "idempotency.stores.errors",
         "idempotency.replay_cache",
         "idempotency.retention",
         "idempotency.transitions",

@@ -19,7 +19,8 @@ import pytest
 from django.db import DatabaseError, Error, connection, transaction
 from django.db.utils import DatabaseErrorWrapper
 
-from idempotency.exceptions import DatabaseUnavailable, is_outage, is_schema_error
+from idempotency.exceptions import DatabaseUnavailable
+from idempotency.stores.errors import is_outage, is_schema_error
 
 
 def wrapped(driver: ModuleType, error: Exception) -> Error:
