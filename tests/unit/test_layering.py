@@ -92,11 +92,11 @@ LAYERS: list[set[str]] = [
     },
     {
         "idempotency.stores",
+        "idempotency.stores.errors",
         "idempotency.stores.base",
         "idempotency.stores.generic",
         "idempotency.stores.mysql",
         "idempotency.stores.postgres",
-        "idempotency.stores.errors",
         "idempotency.replay_cache",
         "idempotency.retention",
         "idempotency.transitions",
