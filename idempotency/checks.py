@@ -21,7 +21,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import idempotency_settings
 from idempotency.settings_checks import settings_messages
+from idempotency.shards import record_databases
 from idempotency.stores import records_database, store_for, transaction_pooled
+from idempotency.unmigrated import missing_per_shard
 
 
 @register(Tags.compatibility)
@@ -49,10 +51,14 @@ def check_database(
     **kwargs: Any,
 ) -> list[CheckMessage]:
     """Run by ``migrate`` and ``check --database``: these checks ask the database."""
+    asked = set(databases or ())
+    messages = [
+        message for alias in record_databases() if alias in asked for message in _migrated(alias)
+    ]
     alias = records_database()
-    if alias not in (databases or ()):
-        return []
-    return _session_time_zone(alias)
+    if alias in asked:
+        messages += _session_time_zone(alias)
+    return messages
 
 
 def _atomic_requests(alias: str) -> bool:
@@ -144,6 +150,26 @@ def _lease_handlers(callback: Callable[..., Any]) -> Iterator[str]:
 def _actions(callback: Callable[..., Any]) -> list[str]:
     actions = getattr(callback, "actions", None)  # a DRF viewset's {method: action}
     return [str(action) for action in actions.values()] if isinstance(actions, dict) else []
+
+
+def _migrated(alias: str) -> list[CheckMessage]:
+    # A Warning, not an Error: ``migrate`` runs this check first, and an error would stop the
+    # very command that mends it.
+    try:
+        missing = missing_per_shard(alias)
+    except DatabaseError:
+        return []  # Django's own checks report a database that cannot be reached
+    return [
+        Warning(
+            f"The idempotency records table of DATABASES[{alias!r}]"
+            + (f", schema {shard.schema!r}," if shard.schema else "")
+            + f" is not migrated ({what}): each protected request there is a server error.",
+            hint=f"Run `manage.py migrate idempotency --database {alias}`"
+            + (" (django-tenants: migrate_schemas)." if shard.schema else "."),
+            id="idempotency.W007",
+        )
+        for shard, what in missing.items()
+    ]
 
 
 def _session_time_zone(alias: str) -> list[CheckMessage]:

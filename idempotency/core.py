@@ -16,19 +16,22 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
 from idempotency import replay_cache, signals, waiting
 from idempotency.claim import Claimed, claim, claim_committed
 from idempotency.conf import IN_FLIGHT, MODES, InFlight, Mode, idempotency_settings
 from idempotency.contention import CLAIM_RETRIES, InFlightHere, in_use, retried
-from idempotency.exceptions import OUTAGE_ERRORS, DatabaseUnavailable, IdempotencyError
+from idempotency.exceptions import DatabaseUnavailable, IdempotencyError
 from idempotency.finish import finish, release
 from idempotency.models import REPLAYABLE, IdempotencyRecord
 from idempotency.operation import Attempt, Operation, bounded_scope
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.read_first import ReplayShare, read_first, replay_share
 from idempotency.settings_checks import validate_settings
+from idempotency.stores.errors import is_outage
+from idempotency.unmigrated import not_migrated
 from idempotency.write_guard import writes_only_to
 
 logger = logging.getLogger("idempotency")
@@ -63,7 +66,8 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
     A database that fails under it raises ``DatabaseUnavailable``: nothing was
-    recorded, and the same call may be retried.
+    recorded, and the same call may be retried. A records table not migrated
+    raises ``ImproperlyConfigured``, which no retry mends.
     """
     validate_settings()
     try:
@@ -76,10 +80,15 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
         if final is not None:
             return _replay(operation, final, replay)
         return _execute_atomic(operation, work, decide, replay)
-    except OUTAGE_ERRORS as exc:
+    except DjangoDatabaseError as exc:  # InterfaceError too, which is no DatabaseError
         if isinstance(exc, IdempotencyError):
             raise
-        raise database_unavailable(exc, operation) from exc
+        if is_outage(exc):
+            raise database_unavailable(exc, operation) from exc
+        unmigrated = not_migrated(exc, operation.database)  # a 500 that says what to run
+        if unmigrated is not None:
+            raise unmigrated from exc
+        raise
 
 
 def database_unavailable(
@@ -148,7 +157,7 @@ def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], repl
     except BaseException as exc:
         # The work may have had effects outside any transaction we control:
         # keep the record, bound to this request, for a retry of the same request.
-        if isinstance(exc, OUTAGE_ERRORS):
+        if is_outage(exc):
             # Released over a fresh connection if the database is back; if it is
             # not, the record stays claimable once its lease runs out.
             _close_broken_connections()

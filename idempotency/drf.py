@@ -25,7 +25,7 @@ from rest_framework.settings import api_settings
 
 from idempotency.compat import mark_logged
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError
+from idempotency.exceptions import IdempotencyError
 from idempotency.http import (
     KEY_FORM_FIELD,
     SAFE_METHODS,
@@ -46,6 +46,7 @@ from idempotency.options import (
     options_from_attributes,
 )
 from idempotency.resolvers import register
+from idempotency.stores.errors import is_outage
 
 
 def _operation_name(view: type, action: str) -> str:
@@ -266,7 +267,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBa
 
 def _outage_answer(request: Any, exc: Exception) -> HttpResponseBase | None:
     """The 503 for a database outage, rendered as ``ERROR_FORMAT`` says; ``None`` otherwise."""
-    if request is None or not isinstance(exc, OUTAGE_ERRORS):
+    if request is None or not is_outage(exc):
         return None
     try:
         return outage_response(request, exc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import InterfaceError, OperationalError
+from django.db import OperationalError
 
 
 class IdempotencyError(Exception):
@@ -95,9 +95,3 @@ class DatabaseUnavailable(IdempotencyError, OperationalError):
     def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = max(1, int(retry_after))
-
-
-# The errors of a database that went away or gave up under the request, as Django raises
-# them (psycopg's and mysqlclient's are wrapped): a lost or refused connection, a server
-# restart, a statement or lock timeout, a deadlock's victim.
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import Error as DjangoDatabaseError
 from django.db import connections
 from django.http.response import HttpResponseBase
 
@@ -43,7 +44,6 @@ from idempotency.core import (
     execute,
 )
 from idempotency.exceptions import (
-    OUTAGE_ERRORS,
     IdempotencyError,
 )
 from idempotency.options import IdempotencyOptions
@@ -69,6 +69,7 @@ from idempotency.request import (
     request_hash,
 )
 from idempotency.settings_checks import validate_settings
+from idempotency.stores.errors import is_outage
 
 __all__ = [
     "KEY_FORM_FIELD",
@@ -90,6 +91,7 @@ __all__ = [
     "fields_hash",
     "header_key",
     "is_client_error",
+    "is_outage",
     "json_body",
     "mark_final",
     "outage_response",
@@ -141,7 +143,9 @@ def protect(
                 result = _execute(request, view, options, key, name)
         if result is None:
             return view()
-    except OUTAGE_ERRORS as exc:  # first: a DatabaseUnavailable is one too
+    except DjangoDatabaseError as exc:  # first: a DatabaseUnavailable is one too
+        if not is_outage(exc):
+            raise
         return outage_response(request, exc)
     except IdempotencyError as error:
         return error_response(request, error)

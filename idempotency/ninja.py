@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import Error as DjangoDatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
@@ -30,7 +31,7 @@ from idempotency import openapi
 from idempotency.adapters import use_error_format
 from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import OUTAGE_ERRORS, IdempotencyError, RequestInvalid
+from idempotency.exceptions import IdempotencyError, RequestInvalid
 from idempotency.http import (
     SAFE_METHODS,
     aprotect,
@@ -43,6 +44,7 @@ from idempotency.http import (
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
+from idempotency.stores.errors import OUTAGE_CLASSES, is_outage
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -100,12 +102,14 @@ def answer_outages(api: NinjaAPI) -> None:
     Protected operations do so by themselves; this covers the others (lists, reads)
     and their authentication.
     """
-    for error in OUTAGE_ERRORS:
+    for error in OUTAGE_CLASSES:
         api.add_exception_handler(error, _outage_handler)
 
 
 def _outage_handler(request: HttpRequest, exc: Exception | type[Exception]) -> HttpResponse:
     assert isinstance(exc, Exception)  # ninja passes the exception raised
+    if not is_outage(exc):
+        raise exc  # as if no handler were registered: ninja's own answer, or Django's 500
     response = outage_response(request, exc)
     assert isinstance(response, HttpResponse)  # a problem, or DRF's rendered Response
     return response
@@ -204,7 +208,7 @@ def _client_error(operation: Operation, request: HttpRequest, exc: Exception) ->
     Protocol errors and 5xx propagate: the first are answered by ``protect``,
     the second leave a lease-mode record retryable, as any failure does.
     """
-    if isinstance(exc, (IdempotencyError, *OUTAGE_ERRORS)):
+    if isinstance(exc, IdempotencyError) or is_outage(exc):
         raise exc  # an outage: answered 503 by ``protect``, never rendered as ninja's 500
     response = operation.api.on_exception(request, exc)  # re-raises what ninja does not handle
     if response.status_code >= 500:
@@ -230,7 +234,9 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
             token = _CURRENT.set(operation)
             try:
                 return await run(request, *args, **kwargs)
-            except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+            except DjangoDatabaseError as exc:  # ninja's authentication runs before the operation
+                if not is_outage(exc):
+                    raise
                 return await sync_to_async(outage_response)(request, exc)
             finally:
                 _CURRENT.reset(token)
@@ -245,7 +251,9 @@ def _serving(run: Callable[..., Any]) -> Callable[..., Any]:
         token = _CURRENT.set(operation)
         try:
             return run(request, *args, **kwargs)
-        except OUTAGE_ERRORS as exc:  # ninja's authentication runs before the operation
+        except DjangoDatabaseError as exc:  # ninja's authentication runs before the operation
+            if not is_outage(exc):
+                raise
             return outage_response(request, exc)
         finally:
             _CURRENT.reset(token)

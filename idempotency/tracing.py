@@ -25,13 +25,13 @@ from django.conf import settings
 
 from idempotency import signals
 from idempotency.exceptions import (
-    OUTAGE_ERRORS,
     IdempotencyError,
     KeyInUse,
     KeyReused,
     LeaseLost,
 )
 from idempotency.stores import records_database, store_for
+from idempotency.stores.errors import is_outage
 
 try:
     from opentelemetry import trace
@@ -132,7 +132,7 @@ def _span(operation: str, mode: str, using: str | None) -> Iterator[None]:
 
 
 def _ended_by(call: _Call, exc: BaseException) -> None:
-    if isinstance(exc, OUTAGE_ERRORS):  # DatabaseUnavailable too
+    if is_outage(exc):  # DatabaseUnavailable too
         call.decide(OUTAGE)
     elif isinstance(exc, LeaseLost):
         call.decide(LEASE_LOST)
@@ -142,7 +142,7 @@ def _ended_by(call: _Call, exc: BaseException) -> None:
         call.decide(REUSED)
     elif isinstance(exc, IdempotencyError):
         call.decide(INVALID, error=exc.code)  # a missing or malformed key, no scope
-    if isinstance(exc, IdempotencyError) and not isinstance(exc, (LeaseLost, *OUTAGE_ERRORS)):
+    if isinstance(exc, IdempotencyError) and not (isinstance(exc, LeaseLost) or is_outage(exc)):
         return  # the client's to fix, or a retry to make: not the service's error
     call.span.record_exception(exc)
     assert trace is not None

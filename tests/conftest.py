@@ -92,3 +92,29 @@ def _no_durations_from_other_tests(monkeypatch):
     from idempotency import waiting
 
     monkeypatch.setattr(waiting, "durations", waiting.Durations())
+
+
+@pytest.fixture
+def unmigrated() -> Iterator[None]:
+    """The app installed, its migrations unapplied: ``migrate idempotency`` never ran."""
+    from django.core.management import call_command
+
+    call_command("migrate", "idempotency", "zero", verbosity=0)
+    try:
+        yield
+    finally:
+        call_command("migrate", "idempotency", verbosity=0)
+
+
+@pytest.fixture
+def records_table_dropped() -> Iterator[None]:
+    """The app's migrations recorded as applied, its table gone (dropped by hand, or faked)."""
+    from idempotency.models import IdempotencyRecord
+
+    with connection.schema_editor() as editor:
+        editor.delete_model(IdempotencyRecord)
+    try:
+        yield
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(IdempotencyRecord)

@@ -317,3 +317,40 @@ def test_transaction_pooling_is_inferred_from_disabled_server_side_cursors(monke
     assert transaction_pooled("default")
     with override_settings(IDEMPOTENCY={"TRANSACTION_POOLING": False}):
         assert not transaction_pooled("default")
+
+
+# --- the records table migrated (a database check) ------------------------------------
+
+
+def _w007(databases: list[str]) -> list[Any]:
+    from idempotency.checks import check_database
+
+    return [m for m in check_database(databases=databases) if m.id == "idempotency.W007"]
+
+
+@pytest.mark.django_db
+def test_a_migrated_records_table_is_not_reported():
+    assert _w007(["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unapplied_migrations_are_reported_by_check_database_and_by_migrate(unmigrated):
+    (message,) = _w007(["default"])
+    assert "DATABASES['default']" in message.msg and "0001_initial" in message.msg
+    assert message.hint == "Run `manage.py migrate idempotency --database default`."
+    assert _w007([]) == []  # only when asked to query the database
+
+    checked = StringIO()
+    call_command("check", databases=["default"], stdout=checked, stderr=checked)
+    assert "idempotency.W007" in checked.getvalue()
+    # A warning, not an error: ``migrate`` runs the check first, and must not be stopped by it.
+    migrated = StringIO()
+    call_command("migrate", "idempotency", skip_checks=False, stdout=migrated, stderr=migrated)
+    assert "idempotency.W007" in migrated.getvalue()
+    assert _w007(["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_records_table_dropped_behind_the_migrations_back_is_reported(records_table_dropped):
+    (message,) = _w007(["default"])
+    assert "table idempotency_idempotencyrecord missing" in message.msg

@@ -93,6 +93,7 @@ LAYERS: list[set[str]] = [
     },
     {
         "idempotency.stores",
+        "idempotency.stores.errors",
         "idempotency.stores.base",
         "idempotency.stores.generic",
         "idempotency.stores.mysql",
@@ -106,6 +107,7 @@ LAYERS: list[set[str]] = [
         "idempotency.logs",
         "idempotency.tracing",
         "idempotency.shards",
+        "idempotency.unmigrated",
         "idempotency.fanout",
     },
     {
