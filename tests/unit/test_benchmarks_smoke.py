@@ -66,13 +66,17 @@ def test_purge_at_scale_runs_and_prints_its_tables(tmp_path):
         "## Side by side",
     ]:
         assert heading in result.stdout
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    purged = [row for row in rows if "| 3,000 |" in row]  # every way deleted every record
-    assert [row.split(" | ")[0] for row in purged] == [
+    creates = result.stdout.split("## Creates while purging")[1].split("##")[0]
+    rows = [line.split(" | ") for line in creates.splitlines() if line.startswith("| ")][1:]
+    assert [row[0] for row in rows] == [
         "| idempotency.retention.purge(), batches of 1,000",
         "| idempotency.retention.purge(), batches of 10,000",
         "| one unbatched DELETE (as drf-idempotency, drf-idempotencykey)",
     ]
+    # Every way deleted the expired records, but for those a late retry took over first:
+    # past its expiry a key is new, whether or not the purge has reached its record yet.
+    for row in rows:
+        assert 2_700 <= int(row[1].replace(",", "")) <= 3_000, row
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 
