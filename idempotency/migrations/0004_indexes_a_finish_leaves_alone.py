@@ -8,7 +8,11 @@ index reads ``status`` any more, so PostgreSQL can apply the finish in place
 (a HOT update). On PostgreSQL each new index is built with
 ``CREATE INDEX CONCURRENTLY`` before the old one is dropped the same way: the
 table takes writes throughout, and the migration runs outside a transaction.
-Run again after an interruption, it rebuilds what it had left unfinished. On
+Run again after an interruption, it rebuilds what it had left unfinished.
+Where the caller already holds a transaction (django-tenants migrating a new
+tenant's schema from a ``TenantMixin.save()`` inside ``transaction.atomic()``,
+or ``get_or_create``), PostgreSQL refuses ``CONCURRENTLY``: there the indexes
+are built plainly, on a table no other session can see yet. On
 MySQL and MariaDB the lease index keeps its columns and is only renamed.
 """
 
@@ -40,7 +44,8 @@ UNEXPIRING = idempotency.indexes.PartialIndex(
 
 def _replace(schema_editor, model, old, new):
     """``new`` in place of ``old`` (either may be ``None``: only added, only removed)."""
-    if not hasattr(schema_editor, "sql_create_index_concurrently"):  # PostgreSQL's alone
+    concurrently = hasattr(schema_editor, "sql_create_index_concurrently")  # PostgreSQL's
+    if not concurrently or schema_editor.connection.in_atomic_block:
         if new is not None:
             schema_editor.add_index(model, new)
         if old is not None:

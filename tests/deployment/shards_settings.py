@@ -13,6 +13,9 @@ from tests.settings import DATABASES, MIDDLEWARE
 
 _base = os.environ.get("TEST_DATABASE_NAME", "test_idempotency_tenants")
 _server = DATABASES["default"]
+if not _server["ENGINE"].endswith("postgresql"):
+    # On SQLite each alias would become a file named after its test database, here.
+    raise RuntimeError("tests.deployment.shards_settings needs a postgres:// DATABASE_URL")
 DATABASES = {
     alias: {**_server, "TEST": {"NAME": f"{_base}_{alias}"}}
     for alias in ("default", "tenant_a", "tenant_b")

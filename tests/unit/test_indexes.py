@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.db import connection, models, transaction
+from django.db.migrations.executor import MigrationExecutor
 
 from idempotency.indexes import PartialIndex
 from idempotency.models import IdempotencyRecord
@@ -59,6 +60,34 @@ def test_the_migrated_database_has_the_indexes_its_features_call_for():
     assert table["idempotency_expires_idx"]["columns"] == ["expires_at"]
     assert table["idempotency_created_idx"]["columns"] == ["created_at"]
     assert {"idempotency_lease_idx", "idempotency_status_idx"}.isdisjoint(table)
+
+
+def indexes() -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        return connection.introspection.get_constraints(cursor, IdempotencyRecord._meta.db_table)
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_online_index_migration_runs_inside_a_callers_transaction():
+    """django-tenants migrates a new tenant's schema from ``TenantMixin.save()``, often
+    inside the caller's ``transaction.atomic()`` (``get_or_create`` opens one), where
+    PostgreSQL refuses CREATE/DROP INDEX CONCURRENTLY: 0004 builds plainly there."""
+    executor = MigrationExecutor(connection)
+    with pytest.raises(Rollback), transaction.atomic():
+        executor.migrate([("idempotency", "0003_indexes_without_partial_support")])
+        assert "idempotency_status_idx" in indexes()
+        executor.loader.build_graph()
+        executor.migrate([("idempotency", "0004_indexes_a_finish_leaves_alone")])
+        after = indexes()
+        assert {"idempotency_leased_idx", "idempotency_created_idx"} <= set(after)
+        assert {"idempotency_lease_idx", "idempotency_status_idx"}.isdisjoint(after)
+        raise Rollback  # PostgreSQL's DDL is transactional: the schema is as it was
+    assert "idempotency_unexpiring_idx" in indexes()
 
 
 def test_no_index_reads_a_column_an_atomic_mode_finish_changes():
