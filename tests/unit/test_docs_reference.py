@@ -22,8 +22,9 @@ def _page(name: str) -> str:
 
 
 def _check_ids_in_code() -> set[str]:
-    # Every id the package can report, wherever the checks live (the source, not one module).
-    sources = (ROOT / "idempotency").rglob("*.py")
+    # Every id the package can report, wherever the checks live (the source, not one module);
+    # the package imported, which the package pass installs from the wheel.
+    sources = Path(idempotency.__file__).parent.rglob("*.py")
     return {match for path in sources for match in CHECK_ID.findall(path.read_text())}
 
 
