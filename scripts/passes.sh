@@ -12,7 +12,9 @@
 # docs               -                                    mkdocs build --strict
 # sqlite             SQLite (DATABASE_URL unset)          pytest -m "not postgres and not mariadb and not server_db"
 # postgres           PG_DATABASE_URL                      pytest -m "$PG_TESTS"
-# postgres-prepared  PG_DATABASE_URL, PREPARED_STATEMENTS pytest -m "$PG_TESTS" (psycopg's server-side binding)
+# postgres-prepared  PG_DATABASE_URL, PREPARED_STATEMENTS pytest -m "$PG_TESTS and not benchmarks" (psycopg's
+#                                                         server-side binding; the benchmarks' smoke
+#                                                         tests run once, in the postgres pass)
 # mariadb            MARIADB_DATABASE_URL                 pytest -m "not postgres"
 # pgbouncer          PG_DATABASE_URL through PgBouncer    pytest -m "not session and not mariadb" $PGBOUNCER_TESTS
 # replica            a private primary and hot standby    pytest -m replica tests/deployment/test_replica.py
@@ -76,7 +78,7 @@ run_pass() {
       ;;
     postgres-prepared)
       echo "== tests on PostgreSQL, prepared statements (server-side binding, prepare_threshold 0), $(versions)"
-      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 "$PY" -m pytest -q -m "$PG_TESTS" "$@"
+      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 "$PY" -m pytest -q -m "$PG_TESTS and not benchmarks" "$@"
       ;;
     mariadb)
       echo "== tests on MariaDB, $(versions)"

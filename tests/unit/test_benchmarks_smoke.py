@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.benchmarks]
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
