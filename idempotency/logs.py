@@ -57,8 +57,8 @@ def _log(
 
 
 def on_claimed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
-    reclaimed = bool(kwargs.get("reclaimed", False))
-    _log(logging.INFO, "claimed", operation, record, reclaimed=reclaimed)
+    reclaimed, replaced = bool(kwargs.get("reclaimed")), bool(kwargs.get("replaced"))
+    _log(logging.INFO, "claimed", operation, record, reclaimed=reclaimed, replaced=replaced)
 
 
 def on_replayed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:

@@ -173,7 +173,8 @@ def _current(operation: Any) -> _Call | None:
 
 def on_claimed(sender: Any, operation: Any, **kwargs: Any) -> None:
     if call := _current(operation):
-        call.decide(EXECUTED, reclaimed=bool(kwargs.get("reclaimed", False)))
+        reclaimed, replaced = bool(kwargs.get("reclaimed")), bool(kwargs.get("replaced"))
+        call.decide(EXECUTED, reclaimed=reclaimed, replaced=replaced)
 
 
 def on_replayed(sender: Any, record: Any, operation: Any, **kwargs: Any) -> None:

@@ -8,6 +8,7 @@ every database; the races on PostgreSQL and MariaDB, with real threads.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from datetime import timedelta
@@ -103,6 +104,17 @@ def test_the_replacement_is_signalled_as_a_claim(user):
     finally:
         signals.record_claimed.disconnect(receiver)
     assert [(call["reclaimed"], call["replaced"]) for call in heard] == [(False, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_replacement_is_logged_as_one(user, caplog):
+    post_order(user, "k")
+    expire("k")
+    with caplog.at_level(logging.INFO, logger="idempotency"):
+        post_order(user, "k")
+    (claim,) = [entry for entry in caplog.records if entry.event == "idempotency.claimed"]
+    assert (claim.reclaimed, claim.replaced) == (False, True)
+    assert "replaced=True" in claim.getMessage()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -34,6 +34,9 @@ def send_one_of_each() -> None:
     sender = IdempotencyRecord
     signals.record_claimed.send(sender, record=RECORD, operation=OPERATION, reclaimed=False)
     signals.record_claimed.send(sender, record=RECORD, operation=OPERATION, reclaimed=True)
+    signals.record_claimed.send(
+        sender, record=RECORD, operation=OPERATION, reclaimed=False, replaced=True
+    )
     signals.response_replayed.send(sender, record=RECORD, operation=OPERATION)
     signals.key_in_use.send(sender, operation=OPERATION, retry_after=3)
     signals.key_reused.send(sender, record=RECORD, operation=OPERATION)
@@ -51,6 +54,7 @@ def test_each_signal_is_counted_by_operation_and_outcome(metrics):
     expected = {
         ("idempotency_claims_total", "claimed"): 1,
         ("idempotency_claims_total", "reclaimed"): 1,
+        ("idempotency_claims_total", "replaced"): 1,
         ("idempotency_replays_total", "succeeded"): 1,
         ("idempotency_conflicts_total", "in_use"): 1,
         ("idempotency_conflicts_total", "key_reused"): 1,

@@ -75,6 +75,7 @@ def test_executed_then_replayed_with_operation_mode_and_vendor(api):
     assert first.attributes["db.system"] == connection.vendor
     assert first.attributes["idempotency.status"] == "SUCCEEDED"
     assert first.attributes["idempotency.reclaimed"] is False
+    assert first.attributes["idempotency.replaced"] is False
     assert replay.attributes["idempotency.status"] == "SUCCEEDED"
     # One key, one digest: the retries of a key are found together.
     assert first.attributes["idempotency.key_digest"] == replay.attributes["idempotency.key_digest"]

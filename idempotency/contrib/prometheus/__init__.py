@@ -31,7 +31,8 @@ class SignalCounters:
             return Counter(name, documentation, labels, registry=registry)
 
         self.claims = counter(
-            "idempotency_claims", "Records claimed to run the work (outcome: claimed, reclaimed)."
+            "idempotency_claims",
+            "Records claimed to run the work (outcome: claimed, reclaimed, replaced).",
         )
         self.replays = counter(
             "idempotency_replays",
@@ -70,7 +71,11 @@ class SignalCounters:
         return f"idempotency.prometheus.{id(self)}.{receiver.__name__}"
 
     def on_claimed(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
-        outcome = "reclaimed" if kwargs.get("reclaimed") else "claimed"
+        outcome = "claimed"
+        if kwargs.get("reclaimed"):
+            outcome = "reclaimed"
+        elif kwargs.get("replaced"):
+            outcome = "replaced"
         self.claims.labels(operation_name(operation), outcome).inc()
 
     def on_replayed(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
