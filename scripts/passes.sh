@@ -109,7 +109,7 @@ run_pass() {
       "${run[@]}" --ds=tests.deployment.tenants_settings tests/deployment/test_schema_per_tenant.py "$@"
       ;;
     ninja)
-      echo "== ninja adapter on django-ninja $("$PY" -c 'import ninja; print(ninja.__version__)'), SQLite"
+      echo "== ninja adapter on django-ninja $("$PY" -c 'import importlib.metadata as m; print(m.version("django-ninja"))'), SQLite"
       env -u DATABASE_URL "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_ninja.py "$@"
       ;;
     ninja-releases) bash scripts/ninja-releases.sh "$@" ;;
