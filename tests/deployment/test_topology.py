@@ -136,10 +136,10 @@ def test_recovery_and_purge_on_two_workers_at_once_never_process_a_record_twice(
     on_example = {"DATABASE_URL": database_url(database), "IDEMPOTENCY_TEST_LEDGER": str(ledger)}
     beat_schedule = str(tmp_path / "beat-schedule")
     with_beat = ("--beat", f"--schedule={beat_schedule}")
-    queues = [
-        worker(*with_beat, IDEMPOTENCY_TEST_BEAT_EVERY="1", **on_example),
-        worker(**on_example),
-    ]
+    # The worker without beat first: started second, it could still be starting when the
+    # other's beat, due a second after its start, had recovered everything.
+    plain = worker(**on_example)
+    queues = [worker(*with_beat, IDEMPOTENCY_TEST_BEAT_EVERY="1", **on_example), plain]
     # Both workers at once, each a recovery and a purge pass (beat adds its own).
     results = [
         app.send_task(task, args=[BATCH], queue=queue)
