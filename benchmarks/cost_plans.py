@@ -64,7 +64,7 @@ def _plans() -> dict[str, str]:
 
     store: Any = store_for("default")
     taken = ("user:7:bench.plans", "key-7007")
-    claim = store._claim_sql(False, True, "2000ms")
+    claim = store.sql.claim(False, True, "2000ms")
     candidate = ("user:1:bench.plans", "new-key", "bench.plans", "0" * 64, "POST", "/", "t" * 32)
     recovery = (
         _records()
@@ -74,10 +74,8 @@ def _plans() -> dict[str, str]:
     )
     return {
         "The claim of a new key (the INSERT)": bulk.explain(claim, [*candidate, timedelta(days=1)]),
-        "The read of a taken key, after the INSERT met it": bulk.explain(
-            store._conflict_sql, taken
-        ),
-        "The replay read (READ_FIRST)": bulk.explain(store._read_final_sql, taken),
+        "The read of a taken key, after the INSERT met it": bulk.explain(store.sql.conflict, taken),
+        "The replay read (READ_FIRST)": bulk.explain(store.sql.read_final, taken),
         "Recovery's batch (expired leases, oldest first)": _explain(recovery),
         "Purge's batch (expired records, oldest first)": _explain(
             batch(purgeable(), 1000).values_list("pk", flat=True)

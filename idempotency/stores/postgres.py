@@ -1,15 +1,12 @@
-"""PostgreSQL: the hot path's statements as SQL composed once per alias.
+"""PostgreSQL: the hot path's statements, run on Django's own cursor.
 
 A new key's claim is one short statement and its finish another (a taken
-key's claim reads the record too: in atomic mode in a second statement): the
-ORM would spend more time composing them than PostgreSQL spends running them. They run
-on Django's own cursor: where the connection's ``OPTIONS`` turn on
-``server_side_binding`` and psycopg 3's ``prepare_threshold``, PostgreSQL
-plans each once per connection (planning the claim costs more than running it).
-
-The module is over the usual 400 lines on purpose: each statement and the reader
-of its rows depend on one column order, composed in one place. Waiting with
-``LISTEN``/``NOTIFY`` lives apart, in ``postgres_waiting``.
+key's claim reads the record too: in atomic mode in a second statement). The
+statements are composed once per alias, in ``postgres_statements``. Where the
+connection's ``OPTIONS`` turn on ``server_side_binding`` and psycopg 3's
+``prepare_threshold``, PostgreSQL plans each once per connection (planning the
+claim costs more than running it). Waiting with ``LISTEN``/``NOTIFY`` lives
+apart, in ``postgres_waiting``.
 """
 
 from __future__ import annotations
@@ -19,58 +16,33 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import timedelta
-from functools import cached_property, lru_cache
 from typing import Any
 
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
 
-from idempotency.compat import record_from_db, sql_literal
-from idempotency.models import (
-    PURGEABLE,
-    REPLAYABLE,
-    IdempotencyRecord,
-    IdempotencyRecordQuerySet,
-    Status,
-)
+from idempotency.compat import record_from_db
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.stores.base import Candidate, Contention
+from idempotency.stores.postgres_statements import (
+    JSON_COLUMNS,
+    PER_REQUEST_ORDER,
+    SET_LOCK_TIMEOUT,
+    PostgresStatements,
+)
 from idempotency.stores.postgres_waiting import PostgresNotifications
 
 # SQLSTATEs: the lock wait ran past lock_timeout; the transaction was chosen as a
 # deadlock's victim, or could not be serialised.
 _BUSY = frozenset({"55P03"})
 _RETRY = frozenset({"40P01", "40001"})
-
-# The text columns a request fills in; every other column of a new record starts
-# the same (its model default, prepared once) or from the database clock.
-_PER_REQUEST_ORDER = (
-    *("scope", "idem_key", "operation", "request_hash", "request_method", "request_path"),
-    "owner_token",
-)
-_PER_REQUEST = frozenset(_PER_REQUEST_ORDER)
-assert Candidate._fields == _PER_REQUEST_ORDER  # ``claim`` passes a candidate as it is
-_DATABASE_CLOCK = frozenset({"created_at", "updated_at"})
-# Left deferred in the record a claim returns: the database computed them.
-_DEFERRED = _DATABASE_CLOCK | {"expires_at"}
-# The JSON columns a finish writes: sent as JSON text and cast in the statement.
-_JSON = frozenset({"response_headers"})
-_NOW = "STATEMENT_TIMESTAMP()"
-# Where the claim keeps the lock_timeout it found, for the rest of the transaction.
-_SAVED = "idempotency.lock_timeout"
-# Puts back the lock_timeout a claim found; a no-op where nothing is saved (the
-# insert committed by itself, and its setting with it).
-_RESTORE = (
-    f"set_config('lock_timeout', COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
-    "current_setting('lock_timeout')), true)"
-)
+assert Candidate._fields == PER_REQUEST_ORDER  # ``claim`` passes a candidate as it is
 
 
 class PostgresStore(PostgresNotifications):
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
-        self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
-        self._claim_statements: dict[tuple[bool, bool, str], str] = {}
+        self.sql = PostgresStatements(alias)
         # The cursor ``statements`` opened, with the connection it belongs to. A context
         # variable is copied into other threads (``asyncio.to_thread``, ``sync_to_async``,
         # ``copy_context().run``) but Django's connections are per thread: a cursor is
@@ -133,7 +105,7 @@ class PostgresStore(PostgresNotifications):
         """
         leased, expires = lease is not None, expires_in is not None
         params = (*candidate, *((lease,) if leased else ()), *((expires_in,) if expires else ()))
-        statement = self._claim_sql(leased, expires, _milliseconds(lock_timeout))
+        statement = self.sql.claim(leased, expires, _milliseconds(lock_timeout))
         with self._cursor() as cursor:
             if leased:
                 cursor.execute(statement, (*params, candidate.scope, candidate.idem_key))
@@ -142,7 +114,7 @@ class PostgresStore(PostgresNotifications):
                 cursor.execute(statement, params)
                 claimed, lease_until, *row = cursor.fetchone() or (None, None)
                 if claimed is None:
-                    cursor.execute(self._conflict_sql, (candidate.scope, candidate.idem_key))
+                    cursor.execute(self.sql.conflict, (candidate.scope, candidate.idem_key))
                     _restored, *row = cursor.fetchone()
         if claimed is not None:
             return self._claimed_record(claimed, lease_until, candidate)
@@ -156,7 +128,7 @@ class PostgresStore(PostgresNotifications):
         """One indexed read of the final record, composed once (the ORM costs more than it)."""
         connection = self.connection
         with connection.cursor() as cursor:
-            cursor.execute(self._read_final_sql, (scope, key))
+            cursor.execute(self.sql.read_final, (scope, key))
             row = cursor.fetchone()
         return None if row is None else self._record(connection, list(row))
 
@@ -181,13 +153,13 @@ class PostgresStore(PostgresNotifications):
         # Every value goes as text, bytes or a number: the JSON column's as its text, cast
         # in the statement (what the field's own adapter would send, without building one).
         params = [
-            json.dumps(value) if name in _JSON and value is not None else value
+            json.dumps(value) if name in JSON_COLUMNS and value is not None else value
             for name, value in values.items()
         ]
         params += [expires_in] if expires_in is not None else []
         params += [pk, token]
         with self._cursor() as cursor:
-            cursor.execute(self._finish_sql(names, expires_in is not None), params)
+            cursor.execute(self.sql.finish(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
@@ -197,13 +169,8 @@ class PostgresStore(PostgresNotifications):
         """
         # Compiled for this alias: sql_with_params() would compile for the default one.
         query, params = batch.values("pk").query.get_compiler(self.alias).as_sql()
-        column = self._quote(_field(ordering).column)
         with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"WITH gone AS (DELETE FROM {self._table} WHERE {self._column('id')} IN ({query}) "
-                f"RETURNING {column}) SELECT count(*), max({column}) FROM gone",
-                params,
-            )
+            cursor.execute(self.sql.delete_returning(query, ordering), params)
             count, last = cursor.fetchone()
         return int(count), last
 
@@ -214,13 +181,13 @@ class PostgresStore(PostgresNotifications):
         converters on PostgreSQL): a queryset or ``.raw()`` cost more CPU
         than the whole claim statement.
         """
-        if row[self._pk_position] is None:
+        if row[self.sql.pk_position] is None:
             return None
         values = [
             value if convert is None or value is None else convert(value, None, connection)
-            for convert, value in zip(self._converters, row, strict=True)
+            for convert, value in zip(self.sql.converters, row, strict=True)
         ]
-        return record_from_db(self.alias, self._attnames, values)
+        return record_from_db(self.alias, self.sql.attnames, values)
 
     def _claimed_record(self, pk: int, lease_until: Any, candidate: Candidate) -> IdempotencyRecord:
         """The record the claim just inserted, from what it inserted: nothing read back.
@@ -228,234 +195,18 @@ class PostgresStore(PostgresNotifications):
         What the database computed (``created_at``, ``updated_at``, ``expires_at``)
         is left deferred: the ORM reads it on first access, which the protocol never makes.
         """
-        names, values = self._inserted_names, self._inserted_values.copy()
-        values[self._inserted_pk_position], values[self._lease_position] = pk, lease_until
-        for position, name in self._candidate_positions:
+        names, values = self.sql.inserted_names, self.sql.inserted_values.copy()
+        values[self.sql.inserted_pk_position], values[self.sql.lease_position] = pk, lease_until
+        for position, name in self.sql.candidate_positions:
             values[position] = getattr(candidate, name)
-        values[self._headers_position] = []  # a fresh default: the field's is a list
+        values[self.sql.headers_position] = []  # a fresh default: the field's is a list
         return record_from_db(self.alias, names, values)
 
     def _set_lock_timeout(self, value: str) -> str:
         """Set ``lock_timeout`` for the transaction; returns the value it replaced, in one trip."""
         with self.connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT previous, set_config('lock_timeout', %s, true) FROM "
-                "(SELECT current_setting('lock_timeout') AS previous OFFSET 0) AS saved",
-                [value],
-            )
+            cursor.execute(SET_LOCK_TIMEOUT, [value])
             return str(cursor.fetchone()[0])
-
-    # Composed once per alias.
-
-    @cached_property
-    def _defaults(self) -> dict[str, Any]:
-        """Prepared values of the columns every new record starts with (the model's defaults)."""
-        template = IdempotencyRecord(status=Status.PROCESSING)
-        return {
-            field.name: field.get_db_prep_save(getattr(template, field.attname), self.connection)
-            for field in _inserted()
-            if field.name not in _PER_REQUEST | _DATABASE_CLOCK
-        }
-
-    @cached_property
-    def _inserted_names(self) -> list[str]:
-        """The columns a new record's values are known of, in the model's order: pk first."""
-        return [field.attname for field in _every_field() if field.name not in _DEFERRED]
-
-    @cached_property
-    def _inserted_values(self) -> list[Any]:
-        """A new record's values (the model's defaults) in ``_inserted_names``' order."""
-        template = IdempotencyRecord(status=Status.PROCESSING)
-        return [getattr(template, name) for name in self._inserted_names]
-
-    @cached_property
-    def _candidate_positions(self) -> list[tuple[int, str]]:
-        return [(self._inserted_names.index(name), name) for name in _PER_REQUEST_ORDER]
-
-    @cached_property
-    def _inserted_pk_position(self) -> int:
-        return self._inserted_names.index(IdempotencyRecord._meta.pk.attname)
-
-    @cached_property
-    def _lease_position(self) -> int:
-        return self._inserted_names.index("lease_until")
-
-    @cached_property
-    def _headers_position(self) -> int:
-        return self._inserted_names.index("response_headers")
-
-    @cached_property
-    def _converters(self) -> list[Any]:
-        return [getattr(field, "from_db_value", None) for field in _every_field()]
-
-    @cached_property
-    def _attnames(self) -> list[str]:
-        return [field.attname for field in _every_field()]
-
-    @cached_property
-    def _pk_position(self) -> int:
-        return _every_field().index(IdempotencyRecord._meta.pk)
-
-    @cached_property
-    def _read_final_sql(self) -> str:
-        every = ", ".join(self._quote(field.column) for field in _every_field())
-        final = ", ".join(f"'{status.value}'" for status in sorted(REPLAYABLE))
-        expires_at = self._column("expires_at")
-        return (
-            f"SELECT {every} FROM {self._table} WHERE {self._column('scope')} = %s "
-            f"AND {self._column('idem_key')} = %s AND {self._column('status')} IN ({final}) "
-            f"AND ({expires_at} IS NULL OR {expires_at} > {_NOW})"
-        )
-
-    def _claim_sql(self, leased: bool, expires: bool, lock_timeout: str) -> str:
-        """The claim statement, composed once per mode and lock wait (a few per project)."""
-        key = (leased, expires, lock_timeout)
-        statement = self._claim_statements.get(key)
-        if statement is None:
-            if len(self._claim_statements) >= 64:  # lock waits made up per request
-                self._claim_statements.clear()
-            statement = self._compose_claim(leased, expires, lock_timeout)
-            self._claim_statements[key] = statement
-        return statement
-
-    def _compose_claim(self, leased: bool, expires: bool, lock_timeout: str) -> str:
-        # The request's own values are parameters, in _PER_REQUEST_ORDER (as ``claim``
-        # passes them); the columns every new record starts with the same are
-        # literals, prepared and quoted once here: fewer parameters to adapt per claim.
-        # A column left NULL is left out (the table has no defaults): less to plan.
-        given = {"lease_until"} if leased else set()
-        given |= {"expires_at"} if expires else set()
-        fields = [
-            *(_field(name) for name in _PER_REQUEST_ORDER),
-            *(f for f in _inserted() if f.name not in _PER_REQUEST | given and _set(self, f)),
-        ]
-        columns = [self._column(field.name) for field in fields]
-        values = [self._literal(field.name) for field in fields]
-        # Evaluated before the insert looks for a conflicting row, so before any wait:
-        # the nested call saves the previous value first (argument order is guaranteed).
-        saved = f"set_config('{_SAVED}', current_setting('lock_timeout'), true)"
-        bound = f"set_config('lock_timeout', '{lock_timeout}' || left({saved}, 0), true)"
-        status = columns.index(self._column("status"))
-        values[status] = f"{values[status]} || left({bound}, 0)"
-        for name in ("lease_until", "expires_at"):
-            if name in given:  # the database clock plus the parameter, in this order
-                columns.append(self._column(name))
-                values.append(f"{_NOW} + %s")
-        scope, key = self._column("scope"), self._column("idem_key")
-        pk, lease_until = self._column("id"), self._column("lease_until")
-        # A new record comes back as its id (and lease) alone: the rest is what was inserted.
-        insert = (
-            f"INSERT INTO {self._table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
-            f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {pk}, {lease_until}, "
-            f"set_config('lock_timeout', current_setting('{_SAVED}'), true)"
-        )
-        if not leased:
-            return insert
-        # The read shares the insert's snapshot: it never sees the row this statement
-        # inserts, only one committed before it, and is answered only when nothing was.
-        return (
-            f"WITH claimed AS ({insert}) SELECT claimed.{pk}, claimed.{lease_until}, record.*, "
-            f"{_RESTORE} FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE "
-            f"LEFT JOIN ({self._holding_sql}) AS record ON claimed.{pk} IS NULL"
-        )
-
-    @cached_property
-    def _holding_sql(self) -> str:
-        """The record holding a key, every column, then whether it expired (``expired_at_now``)."""
-        every = ", ".join(self._quote(field.column) for field in _every_field())
-        scope, key = self._column("scope"), self._column("idem_key")
-        expirable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
-        expired = (
-            f"COALESCE({self._column('status')} IN ({expirable}) "
-            f"AND {self._column('expires_at')} <= {_NOW}, FALSE)"
-        )
-        return f"SELECT {every}, {expired} FROM {self._table} WHERE {scope} = %s AND {key} = %s"
-
-    @cached_property
-    def _conflict_sql(self) -> str:
-        """After an insert that met the key taken: the committed record holding it, if any.
-
-        A statement of its own, so it reads what committed while the insert
-        waited. It puts ``lock_timeout`` back whether or not a record is found;
-        where the insert committed by itself (autocommit) nothing is saved and
-        the setting is left as it is.
-        """
-        return (
-            f"SELECT {_RESTORE}, record.* FROM (SELECT 1) AS one "
-            f"LEFT JOIN ({self._holding_sql}) AS record ON TRUE"
-        )
-
-    def _literal(self, name: str) -> str:
-        """What a new record's column ``name`` is inserted as, in the claim statement."""
-        if name in _PER_REQUEST:
-            return "%s"
-        if name in _DATABASE_CLOCK:
-            return _NOW
-        literal = sql_literal(self.connection, self._defaults[name])
-        return literal.replace("%", "%%")  # the statement still has placeholders
-
-    def _finish_sql(self, names: tuple[str, ...], expires: bool) -> str:
-        key = (names, expires)
-        if key not in self._finish_statements:
-            assignments = [
-                f"{self._column(name)} = %s{'::jsonb' if name in _JSON else ''}" for name in names
-            ] + [
-                f"{self._column('lease_until')} = NULL",
-                f"{self._column('completed_at')} = {_NOW}",
-                f"{self._column('updated_at')} = {_NOW}",
-                f"{self._column('version')} = {self._column('version')} + 1",
-                f"{self._column('expires_at')} = " + (self._expiry if expires else "NULL"),
-            ]
-            self._finish_statements[key] = (
-                f"UPDATE {self._table} SET {', '.join(assignments)} "
-                f"WHERE {self._column('id')} = %s AND {self._column('owner_token')} = %s "
-                f"AND {self._column('status')} = '{Status.PROCESSING.value}'"
-            )
-        return self._finish_statements[key]
-
-    @cached_property
-    def _expiry(self) -> str:
-        """A record whose claim set its expiry counts the window from the claim.
-
-        The atomic-mode claim inserts the expiry a success will have
-        (``created_at`` + the window): the finish then writes the same value,
-        changes no indexed column, and PostgreSQL can apply it in place (HOT).
-        Elsewhere (lease mode, a retried record) it counts from now, as before.
-        """
-        expires_at, created_at = self._column("expires_at"), self._column("created_at")
-        return f"CASE WHEN {expires_at} IS NULL THEN {_NOW} ELSE {created_at} END + %s"
-
-    @cached_property
-    def _table(self) -> str:
-        return self._quote(IdempotencyRecord._meta.db_table)
-
-    def _column(self, name: str) -> str:
-        return self._quote(_field(name).column)
-
-    def _quote(self, name: str | None) -> str:
-        return self.connection.ops.quote_name(str(name))  # the model's own names
-
-
-def _set(store: PostgresStore, field: Field[Any, Any]) -> bool:
-    """Whether a new record's ``field`` starts other than NULL."""
-    return field.name in _DATABASE_CLOCK or store._defaults[field.name] is not None
-
-
-def _every_field() -> list[Field[Any, Any]]:
-    """The record's columns, in the order the claim statement returns them."""
-    return list(IdempotencyRecord._meta.concrete_fields)
-
-
-@lru_cache(maxsize=1)
-def _inserted() -> list[Field[Any, Any]]:
-    return [field for field in IdempotencyRecord._meta.concrete_fields if not field.primary_key]
-
-
-@lru_cache(maxsize=32)
-def _field(name: str) -> Field[Any, Any]:
-    field = IdempotencyRecord._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field
 
 
 def _milliseconds(seconds: float) -> str:

@@ -99,6 +99,7 @@ LAYERS: list[set[str]] = [
         "idempotency.stores.mysql",
         "idempotency.stores.postgres",
         "idempotency.stores.postgres_waiting",
+        "idempotency.stores.postgres_statements",
         "idempotency.replay_cache",
         "idempotency.retention",
         "idempotency.transitions",
