@@ -5,11 +5,18 @@
 rows whose ``expires_at`` has passed, reading them through the partial index
 on ``expires_at``, so its cost grows with the rows it deletes, not with the
 table. ``PROCESSING`` and ``NEEDS_REVIEW`` records are never purged.
+
+Each batch is its own transaction, sized by time: ``BatchSizer`` grows or
+shrinks it so that a batch lasts about ``PURGE_BATCH_SECONDS``, never more than
+``PURGE_BATCH_SIZE`` rows. A large table is then purged in few, large batches
+(a statement per batch costs little next to its rows), and a busy or slow
+database still holds no batch's locks for long.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -50,18 +57,20 @@ def purge(
     - ``database``: that alias (``idempotency.fanout.purge_everywhere`` visits
       every one that holds records).
 
-    Each batch of ``batch_size`` (``PURGE_BATCH_SIZE``) rows is its own short
-    transaction; rows locked by a running request are skipped.
+    Each batch is its own short transaction, of at most ``batch_size``
+    (``PURGE_BATCH_SIZE``) rows, sized to last about ``PURGE_BATCH_SECONDS``;
+    rows locked by a running request are skipped.
     """
     size = batch_size or idempotency_settings.PURGE_BATCH_SIZE
     if size < 1:
         raise ValueError("batch_size should be a positive integer.")
+    sizer = BatchSizer(idempotency_settings.PURGE_BATCH_SECONDS, size)
     database = records_database(database)
     candidates = purgeable(database, older_than=older_than, statuses=statuses, scope=scope)
     if dry_run:
         deleted = candidates.count()
     else:
-        deleted = _delete_in_batches(database, candidates, size, Meter(progress))
+        deleted = _delete_in_batches(database, candidates, sizer, Meter(progress))
     signals.records_purged.send(IdempotencyRecord, count=deleted, dry_run=dry_run)
     return deleted
 
@@ -100,11 +109,41 @@ def batch(records: IdempotencyRecordQuerySet, size: int) -> IdempotencyRecordQue
     return records.select_for_update(skip_locked=True)[:size]
 
 
+class BatchSizer:
+    """How many rows the next batch takes, so that each lasts about ``target`` seconds.
+
+    The first batch is small (``FIRST``, or ``bound`` if smaller), since nothing
+    says yet how fast this database deletes. After each full batch the next one
+    is what the last one's rate would delete in ``target`` seconds: at most twice
+    as many rows (one fast batch, a cache's luck, should not make the next one
+    huge), as few as the rate says when a batch ran long (a busy database gets
+    short transactions at once), never more than ``bound`` nor fewer than one.
+    """
+
+    FIRST = 1000
+    GROWTH = 2
+
+    def __init__(self, target: float, bound: int) -> None:
+        if target <= 0:
+            raise ValueError("PURGE_BATCH_SECONDS should be a positive number.")
+        self.target, self.bound = target, bound
+        self.size = min(self.FIRST, bound)
+
+    def observe(self, rows: int, seconds: float) -> int:
+        """A batch of ``rows`` took ``seconds``: the size of the next one."""
+        if rows > 0:
+            grown = self.size * self.GROWTH
+            wanted = grown if seconds <= 0 else int(rows * self.target / seconds)
+            self.size = max(1, min(self.bound, grown, wanted))
+        return self.size
+
+
 def _delete_in_batches(
     database: str,
     candidates: IdempotencyRecordQuerySet,
-    size: int,
+    sizer: BatchSizer,
     meter: Meter,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> int:
     if meter.callback is not None:
         meter.total = candidates.count()
@@ -116,12 +155,15 @@ def _delete_in_batches(
         # none of the entries the earlier batches left dead (they would make each batch
         # slower than the one before until vacuum). Rows skipped as locked wait for the next pass.
         chosen = candidates if floor is None else candidates.filter(**{f"{ordering}__gte": floor})
+        size, began = sizer.size, clock()
         with transaction.atomic(using=database):
             if idempotency_settings.REPLAY_CACHE is None:
                 # One statement where the store can: no list of ids goes back and forth.
                 count, floor = store_for(database).delete_batch(batch(chosen, size), ordering)
             else:
                 count, floor = _delete_and_forget(database, batch(chosen, size), ordering)
+        # Timed to the commit's end: what other transactions wait for is the whole batch.
+        sizer.observe(count, clock() - began)
         deleted += count
         if count:
             meter.batch(deleted)

@@ -341,6 +341,7 @@ CHECKS: list[Check] = [
     _boolean("RELEASE_EXPIRED_WITHOUT_RESOLVER", "idempotency.E022"),
     _positive_number("RECOVERY_BATCH_SIZE", "idempotency.E023", integer=True),
     _positive_number("PURGE_BATCH_SIZE", "idempotency.E024", integer=True),
+    _positive_number("PURGE_BATCH_SECONDS", "idempotency.E038"),
     _positive_number("RESOLVE_RETRY_SECONDS", "idempotency.E025"),
     _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),

@@ -19,6 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.models import TextField
+from django.db.models.expressions import RawSQL
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from idempotency.compat import record_from_db
@@ -165,12 +167,27 @@ class PostgresStore(PostgresNotifications):
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
         """One statement: the database picks, locks and deletes the rows, and says where it ended.
 
+        The batch's rows are addressed by ``ctid``, their place in the heap: the
+        delete reads each straight from its page (a TID scan), where a join on
+        ``id`` would look each up in the primary key's index again, or hash the
+        batch (1,000,000 rows: 2.1 s in batches of 10,000 by ``ctid``, 4.1 s in batches
+        of 1,000 by ``id``; docs/retention.md).
         No list of ids goes back and forth.
         """
+        # ctid names a row version, not a row: an UPDATE moves the row to a new one. It
+        # is safe here because the subquery is an InitPlan of this one statement and its
+        # FOR UPDATE locks every row it returns (skipping the ones a request holds):
+        # until this transaction ends nobody can update or delete a locked row, nor can
+        # vacuum reuse its slot, so each ctid still names the row it locked when the
+        # DELETE reads it. Where the lock had to follow an update committed after the
+        # statement began, the ctid is the new version's, which this statement's
+        # snapshot cannot see: that row is left for the next pass, never a wrong one
+        # deleted. The status is checked again on the deleted rows all the same.
+        rows = batch.annotate(row=RawSQL("ctid", (), output_field=TextField())).values("row")
         # Compiled for this alias: sql_with_params() would compile for the default one.
-        query, params = batch.values("pk").query.get_compiler(self.alias).as_sql()
+        query, params = rows.query.get_compiler(self.alias).as_sql()
         with self.connection.cursor() as cursor:
-            cursor.execute(self.sql.delete_returning(query, ordering), params)
+            cursor.execute(self.sql.delete_by_ctid(query, ordering), params)
             count, last = cursor.fetchone()
         return int(count), last
 

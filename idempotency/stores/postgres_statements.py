@@ -117,11 +117,17 @@ class PostgresStatements:
             f"LEFT JOIN ({self._holding}) AS record ON TRUE"
         )
 
-    def delete_returning(self, ids: str, ordering: str) -> str:
-        """Deletes the rows whose ids ``ids`` selects; their count and last ``ordering``."""
+    def delete_by_ctid(self, ctids: str, ordering: str) -> str:
+        """Deletes the rows whose ``ctid`` ``ctids`` selects; their count and last ``ordering``.
+
+        ``ARRAY(...)`` makes the subquery an InitPlan, run once before the delete,
+        and ``ctid = ANY`` a TID scan of exactly those rows.
+        """
         column = self._quote(field(ordering).column)
+        purgeable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
         return (
-            f"WITH gone AS (DELETE FROM {self.table} WHERE {self.column('id')} IN ({ids}) "
+            f"WITH gone AS (DELETE FROM {self.table} WHERE ctid = ANY(ARRAY({ctids})) "
+            f"AND {self.column('status')} IN ({purgeable}) "
             f"RETURNING {column}) SELECT count(*), max({column}) FROM gone"
         )
 

@@ -81,6 +81,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E037", {"REPLAYED_HEADER": None}),
     ("idempotency.E037", {"REPLAYED_HEADER": "idempotency-key"}),  # the key's own header
     ("idempotency.E037", {"REPLAYED_HEADER": "Idempotency-Replay"}),  # the omitted marker
+    ("idempotency.E038", {"PURGE_BATCH_SECONDS": 0}),
+    ("idempotency.E038", {"PURGE_BATCH_SECONDS": "0.25"}),
+    ("idempotency.E038", {"PURGE_BATCH_SECONDS": True}),
 ]
 
 

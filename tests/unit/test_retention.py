@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from django.db import connection
@@ -21,8 +22,8 @@ from idempotency.core import Operation, execute
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
-from idempotency.progress import Progress
-from idempotency.retention import purge, retention_for
+from idempotency.progress import Meter, Progress
+from idempotency.retention import BatchSizer, _delete_in_batches, purge, purgeable, retention_for
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
@@ -236,5 +237,94 @@ def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
     deletes = [query["sql"] for query in queries if "DELETE" in query["sql"]]
     assert len(deletes) == 3  # 2 + 2 + 1: one statement a batch
     assert all(sql.startswith("WITH gone AS (DELETE") for sql in deletes)
+    assert all("WHERE ctid = ANY(ARRAY(SELECT (ctid)" in sql for sql in deletes)  # a TID scan
+    assert all(sql.count("FOR UPDATE SKIP LOCKED") == 1 for sql in deletes)
     assert '"expires_at" >=' not in deletes[0]
     assert all('"expires_at" >=' in sql for sql in deletes[1:])
+
+
+# Batches sized by time: fed durations, not timed, so that a busy machine cannot flake them.
+
+
+class TestBatchSizer:
+    def test_starts_small_and_grows_at_most_twofold_to_the_bound(self):
+        sizer = BatchSizer(target=0.25, bound=10_000)
+        sizes = [sizer.size]
+        for _ in range(6):
+            sizes.append(sizer.observe(sizer.size, 0.001))  # far under the target
+        assert sizes == [1000, 2000, 4000, 8000, 10_000, 10_000, 10_000]
+
+    def test_keeps_the_size_whose_batch_lasts_the_target(self):
+        sizer = BatchSizer(target=0.25, bound=100_000)
+        sizer.observe(1000, 0.125)  # 8,000 rows/s: 2,000 rows in 0.25 s
+        assert sizer.size == 2000
+        assert sizer.observe(2000, 0.25) == 2000
+
+    def test_shrinks_at_once_after_a_long_batch(self):
+        sizer = BatchSizer(target=0.25, bound=100_000)
+        for _ in range(6):
+            sizer.observe(sizer.size, 0.01)
+        assert sizer.size == 64_000
+        assert sizer.observe(64_000, 2.0) == 8000  # 32,000 rows/s: 8,000 in 0.25 s
+        assert sizer.observe(8000, 100.0) == 20
+        assert sizer.observe(20, 1000.0) == 1  # never below one row
+
+    def test_the_bound_is_never_passed_and_a_small_bound_is_the_first_size(self):
+        sizer = BatchSizer(target=10.0, bound=3)
+        assert sizer.size == 3
+        assert sizer.observe(3, 0.0) == 3
+
+    def test_an_empty_batch_changes_nothing(self):
+        sizer = BatchSizer(target=0.25, bound=100_000)
+        assert sizer.observe(0, 5.0) == 1000
+
+    def test_the_target_must_be_positive(self):
+        with pytest.raises(ValueError, match="PURGE_BATCH_SECONDS"):
+            BatchSizer(target=0, bound=10)
+
+
+class SlowClock:
+    """Each batch seems to take ``seconds``: a clock that moves only when read."""
+
+    def __init__(self, seconds: float) -> None:
+        self.now, self.seconds, self.reads = 0.0, seconds, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the second read of a batch: it has ended
+            self.now += self.seconds
+        return self.now
+
+
+def batch_sizes(seconds: float, bound: int, records: int, target: float = 0.25) -> list[int]:
+    """The batches a purge of ``records`` takes when each lasts ``seconds``."""
+    for _ in range(records):
+        expired()
+    seen: list[int] = []
+    meter = Meter(lambda progress: seen.append(progress.done))
+    deleted = _delete_in_batches(
+        "default", purgeable(), BatchSizer(target, bound), meter, SlowClock(seconds)
+    )
+    assert deleted == records
+    return [b - a for a, b in zip([0, *seen], seen)]
+
+
+def test_the_purge_grows_its_batches_while_they_are_quick():
+    assert batch_sizes(0.001, bound=5, records=12) == [5, 5, 2]
+    with patch.object(BatchSizer, "FIRST", 2):
+        assert batch_sizes(0.001, bound=100, records=15) == [2, 4, 8, 1]
+
+
+def test_the_purge_shrinks_its_batches_when_they_run_long():
+    with patch.object(BatchSizer, "FIRST", 8):
+        # 8 rows in 1 s is 8 rows/s: 2 rows in the target of 0.25 s.
+        assert batch_sizes(1.0, bound=100, records=13) == [8, 2, 1, 1, 1]
+
+
+@override_settings(IDEMPOTENCY={"PURGE_BATCH_SECONDS": 0.5, "PURGE_BATCH_SIZE": 7})
+def test_purge_reads_the_target_and_the_bound_from_the_settings():
+    with patch("idempotency.retention.BatchSizer", wraps=BatchSizer) as sizer:
+        for _ in range(9):
+            expired()
+        assert purge() == 9
+    sizer.assert_called_once_with(0.5, 7)
