@@ -7,8 +7,12 @@ key) while 10^7 expired records (``--records``) are purged, once per way of
 purging, on a freshly filled table each time:
 
 - this app's batched purge, ``idempotency.retention.purge()`` (what the
-  ``idempotency_cleanup`` command and the beat task run), at ``PURGE_BATCH_SIZE``
-  and at ten times that;
+  ``idempotency_cleanup`` command and the beat task run), as configured: each
+  batch sized to last ``PURGE_BATCH_SECONDS``, at most ``PURGE_BATCH_SIZE`` rows
+  (``--batch-size`` sets that bound);
+- a raw batched ``DELETE`` (``bulk.RAW_BATCH_DELETE``: by id, ``LIMIT n``, each
+  batch committed, no ``SKIP LOCKED``) of the median batch size the purge chose,
+  what a DBA would write by hand;
 - one unbatched ``DELETE`` of every expired row, as the cleanup commands of
   drf-idempotency and drf-idempotencykey run it (``QuerySet.filter(...).delete()``),
   here on this app's table so that the creates meet it.
@@ -18,7 +22,8 @@ requests whose records have expired but may not be purged yet: each is
 replayed (not purged yet), runs again (purged), or waits on the purge's row
 lock (bounded by ``LOCK_TIMEOUT``, then 409).
 
-For each: the creates' latency during the purge against the same load just
+For each: its rows per second and the longest batch (transaction), the
+creates' (the claims') latency during the purge against the same load just
 before it on the same table, what the late retries met, the purge's duration,
 and the table's size before, after the purge and after ``VACUUM`` (itself run
 under the load).
@@ -31,6 +36,7 @@ import argparse
 import hashlib
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -56,7 +62,23 @@ SETTLE = 1.0  # seconds of load before and after the action, inside its window
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    run: Callable[[], int]  # deletes the expired records, returns how many
+    run: Callable[[Batches], int]  # deletes the expired records, returns how many
+
+
+@dataclass
+class Batches:
+    """Each batch (transaction) of a way of purging: its rows and seconds."""
+
+    rows: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, rows: int, seconds: float) -> None:
+        self.rows.append(rows)
+        self.seconds.append(seconds)
+
+    @property
+    def median_rows(self) -> int:
+        return int(statistics.median(self.rows)) if self.rows else 0
 
 
 @dataclass
@@ -107,6 +129,7 @@ class Measured:
     retries: Retries = field(default_factory=lambda: Retries([]))
     vacuum: Window = field(default_factory=lambda: Window(0.0, []))
     sizes: dict[str, int] = field(default_factory=dict)  # bytes, table with indexes
+    batches: Batches = field(default_factory=Batches)
     dead_rows: int = 0  # after the purge, before VACUUM
     free_after_vacuum: float = 0.0  # percent of the table, reusable by new rows
 
@@ -125,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             load.during(lambda: time.sleep(2))  # every worker connects and imports, unmeasured
             load.retry = _late_retries(load, args)
             results = [measure(strategy, args, load) for strategy in strategies(args.batch_size)]
+            results.insert(1, measure(raw_batched(results[0].batches.median_rows), args, load))
         setup = _setup(database)
     finally:
         if not args.keep_database:
@@ -230,29 +254,63 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''").replace("%", "%%") + "'"
 
 
-def strategies(batch_size: int) -> list[Strategy]:
+def strategies(batch_size: int | None) -> list[Strategy]:
     from django.utils import timezone
 
+    from idempotency import retention
+    from idempotency.conf import idempotency_settings
     from idempotency.models import IdempotencyRecord
-    from idempotency.retention import purge
 
-    def single_delete() -> int:
+    bound = batch_size or idempotency_settings.PURGE_BATCH_SIZE
+
+    def ours(batches: Batches) -> int:
+        # Each batch as the purge itself times it (its transaction, to the commit's end),
+        # with no progress callback: that would add a count(*) of the expired rows first.
+        class Recorded(retention.BatchSizer):
+            def observe(self, rows: int, seconds: float) -> int:
+                if rows:
+                    batches.add(rows, seconds)
+                return super().observe(rows, seconds)
+
+        plain, retention.BatchSizer = retention.BatchSizer, Recorded  # type: ignore[misc]
+        try:
+            return retention.purge(batch_size=bound)
+        finally:
+            retention.BatchSizer = plain  # type: ignore[misc]
+
+    def single_delete(batches: Batches) -> int:
         # What both alternatives' cleanup commands run: one QuerySet.delete(),
         # which Django sends as one DELETE ... WHERE expires_at <= %s.
+        started = time.perf_counter()
         deleted, _ = IdempotencyRecord.objects.filter(expires_at__lte=timezone.now()).delete()
+        batches.add(deleted, time.perf_counter() - started)
         return deleted
 
     return [
         Strategy(
-            f"idempotency.retention.purge(), batches of {batch_size:,}",
-            lambda: purge(batch_size=batch_size),
-        ),
-        Strategy(
-            f"idempotency.retention.purge(), batches of {batch_size * 10:,}",
-            lambda: purge(batch_size=batch_size * 10),
+            f"idempotency.retention.purge(), {idempotency_settings.PURGE_BATCH_SECONDS:g} s "
+            f"batches of at most {bound:,}",
+            ours,
         ),
         Strategy("one unbatched DELETE (as drf-idempotency, drf-idempotencykey)", single_delete),
     ]
+
+
+def raw_batched(size: int) -> Strategy:
+    """``bulk.RAW_BATCH_DELETE`` in autocommit, batches of ``size``, each timed."""
+    size = max(size, 1)
+
+    def run(batches: Batches) -> int:
+        deleted = 0
+        while True:
+            started = time.perf_counter()
+            count = bulk.execute(bulk.RAW_BATCH_DELETE, [size])
+            batches.add(count, time.perf_counter() - started)
+            deleted += count
+            if count < size:
+                return deleted
+
+    return Strategy(f"raw batched DELETE, batches of {size:,} (the purge's median)", run)
 
 
 def measure(strategy: Strategy, args: argparse.Namespace, load: Load) -> Measured:
@@ -267,7 +325,7 @@ def measure(strategy: Strategy, args: argparse.Namespace, load: Load) -> Measure
     _step(f"{strategy.name}: {args.baseline_seconds} s of creates without a purge")
     result.baseline, _, _ = load.during(lambda: time.sleep(args.baseline_seconds))
     _step(f"{strategy.name}: purging under the same load")
-    result.purge, result.retries, result.deleted = load.during(strategy.run)
+    result.purge, result.retries, result.deleted = load.during(lambda: strategy.run(result.batches))
     result.sizes["purged"] = _size()
     result.dead_rows = _dead_rows()
     _step(f"{strategy.name}: VACUUM under the same load")
@@ -321,18 +379,21 @@ def render(results: list[Measured], args: argparse.Namespace, setup: list[str]) 
         "",
         "## Creates while purging",
         "",
-        "| purge | rows deleted | seconds | rows/s | creates during | p50 ms | p99 ms "
-        "| max ms | errors | p50 ms without | p99 ms without | p99 during / without |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| purge | rows deleted | seconds | rows/s | batches | median batch rows "
+        "| longest batch s | creates during | p50 ms | p95 ms | p99 ms "
+        "| max ms | errors | p50 ms without | p95 ms without | p99 ms without "
+        "| p95 during / without |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
-        purge, base = result.purge, result.baseline
-        rate = result.deleted / purge.seconds if purge.seconds else 0.0
+        purge, base, batches = result.purge, result.baseline, result.batches
         parts.append(
-            f"| {result.strategy} | {result.deleted:,} | {purge.seconds:.1f} | {rate:,.0f} "
-            f"| {len(purge.replies)} | {purge.p(50):.1f} | {purge.p(99):.1f} "
+            f"| {result.strategy} | {result.deleted:,} | {purge.seconds:.2f} "
+            f"| {_rate(result):,.0f} | {len(batches.rows)} | {batches.median_rows:,} "
+            f"| {max(batches.seconds, default=0):.3f} "
+            f"| {len(purge.replies)} | {purge.p(50):.1f} | {purge.p(95):.1f} | {purge.p(99):.1f} "
             f"| {max(purge.latencies, default=0):.1f} | {purge.errors} | {base.p(50):.1f} "
-            f"| {base.p(99):.1f} | {_ratio(purge.p(99), base.p(99))} |"
+            f"| {base.p(95):.1f} | {base.p(99):.1f} | {_ratio(purge.p(95), base.p(95))} |"
         )
     parts += [
         "",
@@ -376,22 +437,26 @@ def render(results: list[Measured], args: argparse.Namespace, setup: list[str]) 
 
 
 def _side_by_side(results: list[Measured]) -> list[str]:
-    batched, single = results[0], results[-1]
+    ours, raw, single = results[0], results[1], results[-1]
     return [
         "| comparison | ratio |",
         "|---|---:|",
-        f"| creates' p99 during the purge: batched ({batched.strategy.split(', ')[-1]}) / "
-        f"one DELETE | {_ratio(batched.purge.p(99), single.purge.p(99))} |",
-        f"| creates' p50 during the purge: batched / one DELETE "
-        f"| {_ratio(batched.purge.p(50), single.purge.p(50))} |",
-        f"| purge duration: batched / one DELETE "
-        f"| {_ratio(batched.purge.seconds, single.purge.seconds)} |",
+        f"| rows/s: purge() / one unbatched DELETE | {_ratio(_rate(ours), _rate(single))} |",
+        f"| rows/s: purge() / raw batched DELETE | {_ratio(_rate(ours), _rate(raw))} |",
+        f"| creates' p95 during the purge: purge() / one DELETE "
+        f"| {_ratio(ours.purge.p(95), single.purge.p(95))} |",
+        f"| creates' p99 during the purge: purge() / one DELETE "
+        f"| {_ratio(ours.purge.p(99), single.purge.p(99))} |",
         *(
-            f"| creates' p99 during / without the purge: {result.strategy} "
-            f"| {_ratio(result.purge.p(99), result.baseline.p(99))} |"
+            f"| creates' p95 during / without the purge: {result.strategy} "
+            f"| {_ratio(result.purge.p(95), result.baseline.p(95))} |"
             for result in results
         ),
     ]
+
+
+def _rate(result: Measured) -> float:
+    return result.deleted / result.purge.seconds if result.purge.seconds else 0.0
 
 
 def _ratio(a: float, b: float) -> str:
@@ -428,7 +493,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--retry-every", type=int, default=1000, help="every n-th record can be retried late"
     )
     parser.add_argument("--baseline-seconds", type=float, default=30.0)
-    parser.add_argument("--batch-size", type=int, default=1000, help="the batched purge's")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="the purge's bound (PURGE_BATCH_SIZE)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(

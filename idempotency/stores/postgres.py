@@ -19,9 +19,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import TextField
 from django.db.models.expressions import RawSQL
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from idempotency.compat import record_from_db
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet

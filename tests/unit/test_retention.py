@@ -306,7 +306,7 @@ def batch_sizes(seconds: float, bound: int, records: int, target: float = 0.25) 
         "default", purgeable(), BatchSizer(target, bound), meter, SlowClock(seconds)
     )
     assert deleted == records
-    return [b - a for a, b in zip([0, *seen], seen)]
+    return [b - a for a, b in zip([0, *seen[:-1]], seen, strict=True)]
 
 
 def test_the_purge_grows_its_batches_while_they_are_quick():
