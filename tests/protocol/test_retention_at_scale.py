@@ -18,7 +18,8 @@ from idempotency.models import IdempotencyRecord
 from idempotency.progress import Progress
 from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
-from tests.unit.test_retention import exists, expired
+from tests.factories import IdempotencyRecordFactory
+from tests.unit.test_retention import exists, expired, force_expired
 
 pytestmark = pytest.mark.django_db
 
@@ -68,6 +69,43 @@ class TestPurgeWithOtherConnections:
             thread.join(timeout=10)
         assert exists(held)
         assert not exists(free)
+
+    def test_a_held_row_amid_a_large_batch_stays_and_so_does_every_record_in_flight(self):
+        # One batch (the bound far above the rows) meets a row another connection holds,
+        # between expired rows, beside records it must never take: the batch deletes
+        # around the held row, and takes nothing in flight, under review or unexpired.
+        before = [expired() for _ in range(5)]
+        held = expired()
+        after = [expired() for _ in range(5)]
+        kept = [
+            force_expired(IdempotencyRecordFactory(in_flight=True)),
+            force_expired(IdempotencyRecordFactory(expired_lease=True)),
+            force_expired(IdempotencyRecordFactory(needs_review=True)),
+            IdempotencyRecordFactory(succeeded=True),  # its window still open
+        ]
+        locked, release = threading.Event(), threading.Event()
+
+        def request_holding_the_row() -> None:
+            try:
+                with transaction.atomic():
+                    IdempotencyRecord.objects.select_for_update().get(pk=held.pk)
+                    locked.set()
+                    release.wait(timeout=10)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=request_holding_the_row)
+        thread.start()
+        try:
+            assert locked.wait(timeout=10)
+            assert purge(batch_size=100_000) == 10
+        finally:
+            release.set()
+            thread.join(timeout=10)
+        assert not any(exists(record) for record in before + after)
+        assert all(exists(record) for record in [held, *kept])
+        assert purge() == 1  # released, it goes with the next pass
+        assert all(exists(record) for record in kept)
 
 
 BULK_ROWS = 100_000
