@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from benchmarks.cost_plans import FILL
 from idempotency.models import IdempotencyRecord
@@ -106,6 +107,40 @@ class TestPurgeWithOtherConnections:
         assert all(exists(record) for record in [held, *kept])
         assert purge() == 1  # released, it goes with the next pass
         assert all(exists(record) for record in kept)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_held_row_sends_the_batch_again_with_skip_locked():
+    # The unlocked delete waits on the held row for OPTIMISTIC_LOCK_WAIT, is rolled back
+    # to its savepoint, and the same batch runs again locking its rows, skipping that one.
+    records = [expired() for _ in range(4)]
+    held = records[1]
+    locked, release = threading.Event(), threading.Event()
+
+    def request_holding_the_row() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.select_for_update().get(pk=held.pk)
+                locked.set()
+                release.wait(timeout=10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=request_holding_the_row)
+    thread.start()
+    try:
+        assert locked.wait(timeout=10)
+        with CaptureQueriesContext(connection) as queries:
+            assert purge(batch_size=100) == 3
+    finally:
+        release.set()
+        thread.join(timeout=10)
+    deletes = [query["sql"] for query in queries if "DELETE" in query["sql"]]
+    assert len(deletes) == 2
+    assert "FOR UPDATE" not in deletes[0]
+    assert "FOR UPDATE SKIP LOCKED" in deletes[1]
+    assert [exists(record) for record in records] == [False, True, False, False]
 
 
 BULK_ROWS = 100_000
