@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -28,6 +27,7 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.progress import Meter, OnProgress
 from idempotency.stores import records_database, store_for
+from idempotency.stores.base import Purged
 
 
 def retention_for(operation_name: str, status: str) -> timedelta | None:
@@ -159,26 +159,28 @@ def _delete_in_batches(
         with transaction.atomic(using=database):
             if idempotency_settings.REPLAY_CACHE is None:
                 # One statement where the store can: no list of ids goes back and forth.
-                count, floor = store_for(database).delete_batch(batch(chosen, size), ordering)
+                count, floor, picked = store_for(database).delete_batch(
+                    batch(chosen, size), ordering
+                )
             else:
-                count, floor = _delete_and_forget(database, batch(chosen, size), ordering)
+                count, floor, picked = _delete_and_forget(database, batch(chosen, size), ordering)
         # Timed to the commit's end: what other transactions wait for is the whole batch.
         sizer.observe(count, clock() - began)
         deleted += count
         if count:
             meter.batch(deleted)
-        if count < size:
+        # Fewer chosen than asked: no more to take (held rows are skipped, not counted).
+        # Fewer deleted than chosen is no end: rows changed under the batch stay.
+        if picked < size:
             return deleted
 
 
-def _delete_and_forget(
-    database: str, picked: IdempotencyRecordQuerySet, ordering: str
-) -> tuple[int, Any]:
+def _delete_and_forget(database: str, picked: IdempotencyRecordQuerySet, ordering: str) -> Purged:
     """With a replay cache: lock the batch reading its keys, delete it, forget the keys."""
     rows = list(picked.values_list("pk", "scope", "idem_key", ordering))
     IdempotencyRecord.objects.using(database).filter(pk__in=[row[0] for row in rows]).delete()
     replay_cache.forget([(row[1], row[2]) for row in rows], database, tombstone=False)
-    return len(rows), max((row[3] for row in rows), default=None)
+    return Purged(len(rows), max((row[3] for row in rows), default=None), len(rows))
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:

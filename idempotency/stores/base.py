@@ -55,6 +55,14 @@ Contention = Literal["busy", "retry"]
 __all__ = ["Candidate", "Contention", "Store", "transaction_pooled"]
 
 
+class Purged(NamedTuple):
+    """What one purge batch did (``Store.delete_batch``)."""
+
+    deleted: int
+    last: Any  # the largest value of the batch's ordering among the deleted rows, or None
+    picked: int  # rows the batch chose; deleted can be fewer where rows changed under it
+
+
 class Candidate(NamedTuple):
     """The record a claim would insert: what the request fills in, and its owner's token.
 
@@ -277,14 +285,16 @@ class Store(ABC):
     # Purge
 
     @abstractmethod
-    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
+    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> Purged:
         """Delete the rows of ``batch``: purge's next batch, not yet evaluated.
 
         ``batch`` is locked and sliced (``select_for_update(skip_locked=True)``,
         ordered by the field named ``ordering``, at most the batch size), so
         rows a running request holds are skipped. Runs inside a transaction
-        (``retention`` opens one per batch). Returns how many rows went and the
+        (``retention`` opens one per batch). Returns how many rows went, the
         largest ``ordering`` value among them, or ``None`` for it where the
         store does not track it (the next batch then scans from the start
-        again, which is only slower).
+        again, which is only slower), and how many rows the batch chose: fewer
+        than its size only when no more were there, so that a row changed
+        under the batch (not deleted) does not end the purge early.
         """

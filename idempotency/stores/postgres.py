@@ -25,7 +25,7 @@ from django.db.models.expressions import RawSQL
 
 from idempotency.compat import record_from_db
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
-from idempotency.stores.base import Candidate, Contention
+from idempotency.stores.base import Candidate, Contention, Purged
 from idempotency.stores.postgres_statements import (
     JSON_COLUMNS,
     PER_REQUEST_ORDER,
@@ -167,7 +167,7 @@ class PostgresStore(PostgresNotifications):
             cursor.execute(self.sql.finish(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
-    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> tuple[int, Any]:
+    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> Purged:
         """One statement: the database picks and deletes the rows, and says where it ended.
 
         The batch's rows are addressed by ``ctid``, their place in the heap: the
@@ -182,6 +182,7 @@ class PostgresStore(PostgresNotifications):
         savepoint is rolled back, and the batch runs again locking its rows with
         ``SKIP LOCKED``, which skips the held ones. A collision costs one batch
         twice; late retries of expired keys are rare next to the rows a batch holds.
+        The savepoint is the one transaction control this method does.
         """
         try:
             # A savepoint: the lock wait's error rolls back this statement only.
@@ -194,7 +195,7 @@ class PostgresStore(PostgresNotifications):
 
     def _delete_by_ctid(
         self, batch: IdempotencyRecordQuerySet, ordering: str, *, locked: bool
-    ) -> tuple[int, Any]:
+    ) -> Purged:
         # ctid names a row version, not a row: an UPDATE moves the row to a new one. The
         # subquery is an InitPlan of this one statement, run before the delete, and:
         # - locked (FOR UPDATE SKIP LOCKED): until this transaction ends nobody can
@@ -215,8 +216,8 @@ class PostgresStore(PostgresNotifications):
         query, params = rows.query.get_compiler(self.alias).as_sql()
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.delete_by_ctid(query, ordering), params)
-            count, last = cursor.fetchone()
-        return int(count), last
+            picked, count, last = cursor.fetchone()
+        return Purged(int(count), last, int(picked))
 
     def _record(self, connection: BaseDatabaseWrapper, row: list[Any]) -> IdempotencyRecord | None:
         """The model instance for a row of every column, as the ORM would make it.

@@ -118,17 +118,20 @@ class PostgresStatements:
         )
 
     def delete_by_ctid(self, ctids: str, ordering: str) -> str:
-        """Deletes the rows whose ``ctid`` ``ctids`` selects; their count and last ``ordering``.
+        """Deletes the rows whose ``ctid`` ``ctids`` selects: how many it chose, their
+        count and last ``ordering``.
 
-        ``ARRAY(...)`` makes the subquery an InitPlan, run once before the delete,
-        and ``ctid = ANY`` a TID scan of exactly those rows.
+        The chosen ``ctid``s are one array (a CTE, computed once); ``ctid = ANY``
+        of it is a TID scan of exactly those rows.
         """
         column = self._quote(field(ordering).column)
         purgeable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
         return (
-            f"WITH gone AS (DELETE FROM {self.table} WHERE ctid = ANY(ARRAY({ctids})) "
-            f"AND {self.column('status')} IN ({purgeable}) "
-            f"RETURNING {column}) SELECT count(*), max({column}) FROM gone"
+            f"WITH picked AS MATERIALIZED (SELECT ARRAY({ctids}) AS ctids), "
+            f"gone AS (DELETE FROM {self.table} "
+            f"WHERE ctid = ANY((SELECT ctids FROM picked)::tid[]) "
+            f"AND {self.column('status')} IN ({purgeable}) RETURNING {column}) "
+            f"SELECT (SELECT cardinality(ctids) FROM picked), count(*), max({column}) FROM gone"
         )
 
     def _compose_claim(self, leased: bool, expires: bool, lock_timeout: str) -> str:

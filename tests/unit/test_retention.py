@@ -24,6 +24,8 @@ from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.progress import Meter, Progress
 from idempotency.retention import BatchSizer, _delete_in_batches, purge, purgeable, retention_for
+from idempotency.stores import store_for
+from idempotency.stores.base import Purged
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
@@ -236,8 +238,11 @@ def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
         assert purge(batch_size=2) == 5
     deletes = [query["sql"] for query in queries if "DELETE" in query["sql"]]
     assert len(deletes) == 3  # 2 + 2 + 1: one statement a batch
-    assert all(sql.startswith("WITH gone AS (DELETE") for sql in deletes)
-    assert all("WHERE ctid = ANY(ARRAY(SELECT (ctid)" in sql for sql in deletes)  # a TID scan
+    # The chosen rows' ctids in one array, deleted by a TID scan of it.
+    assert all(
+        sql.startswith("WITH picked AS MATERIALIZED (SELECT ARRAY(SELECT (ctid)") for sql in deletes
+    )
+    assert all("WHERE ctid = ANY((SELECT ctids FROM picked)::tid[])" in sql for sql in deletes)
     # Nothing held: no row is locked before it is deleted (a lock is a second write).
     assert not any("FOR UPDATE" in sql for sql in deletes)
     assert '"expires_at" >=' not in deletes[0]
@@ -329,3 +334,23 @@ def test_purge_reads_the_target_and_the_bound_from_the_settings():
             expired()
         assert purge() == 9
     sizer.assert_called_once_with(0.5, 7)
+
+
+def test_rows_changed_under_a_batch_do_not_end_the_purge():
+    # On PostgreSQL an unlocked batch may delete fewer rows than it chose (a row updated
+    # meanwhile stays): the purge goes on while a batch chose a full batch.
+    real = store_for("default")
+    batches: list[Purged] = []
+
+    class OneRowChangedFirst:
+        def delete_batch(self, chosen: Any, ordering: str) -> Purged:
+            done = real.delete_batch(chosen, ordering)
+            batches.append(done)
+            return done._replace(deleted=done.deleted - 1) if len(batches) == 1 else done
+
+    for _ in range(5):
+        expired()
+    with patch("idempotency.retention.store_for", return_value=OneRowChangedFirst()):
+        assert purge(batch_size=2) == 4  # what the batches said they deleted
+    assert [done.picked for done in batches] == [2, 2, 1]
+    assert not IdempotencyRecord.objects.exists()

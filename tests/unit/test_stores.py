@@ -272,8 +272,8 @@ class TestContract:
         kept = IdempotencyRecordFactory(succeeded=True)
         candidates = IdempotencyRecord.objects.purgeable().order_by("expires_at")
         with transaction.atomic():
-            count, last = store.delete_batch(batch(candidates, 3), "expires_at")
-        assert count == 3
+            count, last, picked = store.delete_batch(batch(candidates, 3), "expires_at")
+        assert count == picked == 3
         assert last is None or last == sorted(r.expires_at for r in expired)[2]
         assert IdempotencyRecord.objects.count() == 3
         assert IdempotencyRecord.objects.filter(pk=kept.pk).exists()
