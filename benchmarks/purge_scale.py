@@ -13,6 +13,9 @@ purging, on a freshly filled table each time:
 - a raw batched ``DELETE`` (``bulk.RAW_BATCH_DELETE``: by id, ``LIMIT n``, each
   batch committed, no ``SKIP LOCKED``) of the median batch size the purge chose,
   what a DBA would write by hand;
+- the purge as it was before batches were sized by time (``BEFORE``: batches of
+  1,000 by id, each locked with ``FOR UPDATE SKIP LOCKED`` then deleted, from
+  where the last ended), for the creates' latency against today's;
 - one unbatched ``DELETE`` of every expired row, as the cleanup commands of
   drf-idempotency and drf-idempotencykey run it (``QuerySet.filter(...).delete()``),
   here on this app's table so that the creates meet it.
@@ -292,8 +295,33 @@ def strategies(batch_size: int | None) -> list[Strategy]:
             f"batches of at most {bound:,}",
             ours,
         ),
+        Strategy("the purge before (batches of 1,000 by id, locked first)", before),
         Strategy("one unbatched DELETE (as drf-idempotency, drf-idempotencykey)", single_delete),
     ]
+
+
+# The purge's statement before batches were sized by time, with its keyset on expires_at.
+BEFORE = f"""
+WITH gone AS (DELETE FROM {bulk.TABLE} WHERE id IN (
+    SELECT id FROM {bulk.TABLE}
+    WHERE expires_at IS NOT NULL AND expires_at < now()
+      AND status IN ('SUCCEEDED', 'FAILED_FINAL', 'FAILED_RETRYABLE')
+      AND expires_at >= coalesce(%(floor)s::timestamptz, '-infinity')
+    ORDER BY expires_at LIMIT 1000 FOR UPDATE SKIP LOCKED
+) RETURNING expires_at) SELECT count(*), max(expires_at) FROM gone
+"""
+
+
+def before(batches: Batches) -> int:
+    """``BEFORE`` a batch at a time, each in its own transaction (autocommit)."""
+    deleted, floor = 0, None
+    while True:
+        started = time.perf_counter()
+        count, floor = _row(BEFORE, {"floor": floor})
+        batches.add(count, time.perf_counter() - started)
+        deleted += count
+        if count < 1000:
+            return deleted
 
 
 def raw_batched(size: int) -> Strategy:
@@ -437,12 +465,15 @@ def render(results: list[Measured], args: argparse.Namespace, setup: list[str]) 
 
 
 def _side_by_side(results: list[Measured]) -> list[str]:
-    ours, raw, single = results[0], results[1], results[-1]
+    ours, raw, earlier, single = results
     return [
         "| comparison | ratio |",
         "|---|---:|",
         f"| rows/s: purge() / one unbatched DELETE | {_ratio(_rate(ours), _rate(single))} |",
         f"| rows/s: purge() / raw batched DELETE | {_ratio(_rate(ours), _rate(raw))} |",
+        f"| rows/s: purge() / the purge before | {_ratio(_rate(ours), _rate(earlier))} |",
+        f"| creates' p95 during the purge: purge() / the purge before "
+        f"| {_ratio(ours.purge.p(95), earlier.purge.p(95))} |",
         f"| creates' p95 during the purge: purge() / one DELETE "
         f"| {_ratio(ours.purge.p(95), single.purge.p(95))} |",
         f"| creates' p99 during the purge: purge() / one DELETE "

@@ -72,6 +72,7 @@ def test_purge_at_scale_runs_and_prints_its_tables(tmp_path):
     assert [re.sub(r"[0-9,]+ \(", "N (", row[0]) for row in rows] == [
         "| idempotency.retention.purge(), 0.25 s batches of at most 100,000",
         "| raw batched DELETE, batches of N (the purge's median)",  # sized by time: any
+        "| the purge before (batches of 1,000 by id, locked first)",
         "| one unbatched DELETE (as drf-idempotency, drf-idempotencykey)",
     ]
     # Every way deleted the expired records, but for those a late retry took over first:
