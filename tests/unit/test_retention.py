@@ -253,26 +253,27 @@ def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
 
 
 class TestBatchSizer:
-    def test_starts_small_and_grows_at_most_twofold_to_the_bound(self):
-        sizer = BatchSizer(target=0.25, bound=10_000)
+    def test_starts_at_first_and_grows_at_most_twofold_to_the_bound(self):
+        sizer = BatchSizer(target=0.25, bound=100_000)
         sizes = [sizer.size]
         for _ in range(6):
             sizes.append(sizer.observe(sizer.size, 0.001))  # far under the target
-        assert sizes == [1000, 2000, 4000, 8000, 10_000, 10_000, 10_000]
+        assert sizes == [10_000, 20_000, 40_000, 80_000, 100_000, 100_000, 100_000]
 
     def test_keeps_the_size_whose_batch_lasts_the_target(self):
         sizer = BatchSizer(target=0.25, bound=100_000)
-        sizer.observe(1000, 0.125)  # 8,000 rows/s: 2,000 rows in 0.25 s
-        assert sizer.size == 2000
-        assert sizer.observe(2000, 0.25) == 2000
+        sizer.observe(10_000, 0.125)  # 80,000 rows/s: 20,000 rows in 0.25 s
+        assert sizer.size == 20_000
+        assert sizer.observe(20_000, 0.25) == 20_000
+        assert sizer.observe(20_000, 0.2) == 25_000  # a little quicker: a little more
 
     def test_shrinks_at_once_after_a_long_batch(self):
         sizer = BatchSizer(target=0.25, bound=100_000)
-        for _ in range(6):
+        for _ in range(3):
             sizer.observe(sizer.size, 0.01)
-        assert sizer.size == 64_000
-        assert sizer.observe(64_000, 2.0) == 8000  # 32,000 rows/s: 8,000 in 0.25 s
-        assert sizer.observe(8000, 100.0) == 20
+        assert sizer.size == 80_000
+        assert sizer.observe(80_000, 2.0) == 10_000  # 40,000 rows/s: 10,000 in 0.25 s
+        assert sizer.observe(10_000, 100.0) == 25
         assert sizer.observe(20, 1000.0) == 1  # never below one row
 
     def test_the_bound_is_never_passed_and_a_small_bound_is_the_first_size(self):
@@ -282,7 +283,7 @@ class TestBatchSizer:
 
     def test_an_empty_batch_changes_nothing(self):
         sizer = BatchSizer(target=0.25, bound=100_000)
-        assert sizer.observe(0, 5.0) == 1000
+        assert sizer.observe(0, 5.0) == 10_000
 
     def test_the_target_must_be_positive(self):
         with pytest.raises(ValueError, match="PURGE_BATCH_SECONDS"):
