@@ -33,7 +33,7 @@ class Command(BaseCommand):
         add_shared_arguments(
             parser,
             dry_run="Count what would be deleted; delete nothing.",
-            batch="Rows deleted per transaction",
+            batch="The most rows deleted per transaction, each sized by PURGE_BATCH_SECONDS",
             setting="PURGE_BATCH_SIZE",
         )
         parser.add_argument(
