@@ -521,8 +521,8 @@ def test_the_protocol_holds_under_interleavings():
     # A class per run: ``seed`` marks the class it decorates.
     machine = seed(chosen)(type("Run", (StatefulProtocol,), {}))
     bounds = settings(
-        max_examples=int(os.environ.get("STATEFUL_EXAMPLES", 20)),
-        stateful_step_count=int(os.environ.get("STATEFUL_STEPS", 12)),
+        max_examples=int(os.environ.get("STATEFUL_EXAMPLES", 30)),
+        stateful_step_count=int(os.environ.get("STATEFUL_STEPS", 20)),
         deadline=None,
         database=None,  # a seed alone replays a run; nothing is kept between runs
         print_blob=True,
