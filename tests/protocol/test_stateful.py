@@ -46,7 +46,13 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from idempotency import (
     IdempotencyRecord,
@@ -134,6 +140,10 @@ def the_record(key: str) -> IdempotencyRecord | None:
 
 def scope_of(key: str) -> str:
     return f"stateful:{mode_of(key)}"
+
+
+def records(**where: Any) -> bool:
+    return IdempotencyRecord.objects.filter(**where).exists()
 
 
 def live(key: str) -> bool:
@@ -324,6 +334,11 @@ class StatefulProtocol(RuleBasedStateMachine):
         if thread.error is None:
             self.check_answers(key, [thread.answer])  # a replay: the work never ran
 
+    @rule(key=lease_keys)
+    def worker_killed_after_effect(self, key: str) -> None:
+        """Lease mode's crash, on its own: the record stays in flight, its effect made."""
+        self.backend_terminated(key, "effect")
+
     @rule(key=st.sampled_from([key for key in KEYS if mode_of(key) == "atomic"]))
     def crash_after_effect(self, key: str) -> None:
         """Atomic mode: the work dies after its insert; nothing of it may stay."""
@@ -407,6 +422,9 @@ class StatefulProtocol(RuleBasedStateMachine):
 
     # -- time passes, operators run the passes ----------------------------------------
 
+    # The time and operator steps run only where they can change something: a bounded
+    # run spends its steps on interleavings, not on passes over nothing.
+    @precondition(lambda self: records(status=Status.PROCESSING, lease_until__gt=Now()))
     @rule()
     def leases_expire(self) -> None:
         """Every lease left by a killed attempt runs out (the clock is the same for all)."""
@@ -414,30 +432,36 @@ class StatefulProtocol(RuleBasedStateMachine):
             lease_until=Now() - timedelta(seconds=1)
         )
 
-    @rule(key=keys, quantity=quantities)
-    def retention_expires(self, key: str, quantity: int) -> None:
-        """The record's ``expires_at`` passes, whatever its state: the library must judge.
+    @precondition(lambda self: records())
+    @rule(key=st.none() | keys, quantity=quantities)
+    def retention_expires(self, key: str | None, quantity: int) -> None:
+        """A record's ``expires_at`` passes (every record's, for None), whatever its state.
 
-        A finished record's window ends: its effect is archived, and the next request
-        under the key (here with a payload drawn anew) is a new one. A record in flight
-        never expires, so its window, and its effect, go on.
+        The library must judge by the state: a finished record's window ends, its effect
+        is archived, and the next request under the key (here with a payload drawn anew)
+        is a new one. A record in flight never expires (an atomic claim gives it a
+        success's expiry already, a killed lease-mode attempt may outlive it): its window,
+        and its effect, go on.
         """
-        record = the_record(key)
-        if record is None:
-            return
-        IdempotencyRecord.objects.filter(pk=record.pk).update(
-            expires_at=Now() - timedelta(seconds=1)
-        )
-        if record.status in FINISHED:
-            Order.objects.filter(sku=sku(key), paid=False).update(paid=True)
-            self.payload[key] = quantity
+        for chosen in KEYS if key is None else [key]:
+            record = the_record(chosen)
+            if record is None:
+                continue
+            IdempotencyRecord.objects.filter(pk=record.pk).update(
+                expires_at=Now() - timedelta(seconds=1)
+            )
+            if record.status in FINISHED:
+                Order.objects.filter(sku=sku(chosen), paid=False).update(paid=True)
+                self.payload[chosen] = quantity
 
+    @precondition(lambda self: records(status=Status.PROCESSING, lease_until__lt=Now()))
     @rule()
     def recovery_pass(self) -> None:
         report = recover_expired()
         for outcome, count in report.outcomes().items():
             SEEN[f"recovery: {outcome}"] += count
 
+    @precondition(lambda self: records(expires_at__lt=Now()))
     @rule()
     def purge_pass(self) -> None:
         unfinished = set(
