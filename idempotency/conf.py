@@ -165,6 +165,10 @@ def _retention(value: Any) -> dict[str, float]:
 
 
 class Settings:
+    # Whether ``settings_checks.validate_settings`` passed since the settings last
+    # changed: the entry points validate while it is false, once, not per call.
+    validated = False
+
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "IDEMPOTENCY", None)
         if not isinstance(user, Mapping):
@@ -177,6 +181,7 @@ class Settings:
         """Forget the kept values: the next access reads ``settings.IDEMPOTENCY`` again."""
         for name in [name for name in vars(self) if name in DEFAULTS]:
             del self.__dict__[name]
+        self.validated = False
 
     HEADER = _Setting(str)
     MAX_KEY_LENGTH = _Setting(int)

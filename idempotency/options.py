@@ -22,10 +22,8 @@ from idempotency.conf import (
     MODES,
     InFlight,
     Mode,
-    idempotency_settings,
     is_header_name,
 )
-from idempotency.protocol import Operation
 
 if TYPE_CHECKING:
     from django.http.response import HttpResponseBase
@@ -108,23 +106,6 @@ class IdempotencyOptions:
             raise ValueError(
                 "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
             )
-
-    def call(self, scope: str, key: str, request_hash: str, name: str, **where: str) -> Operation:
-        """The ``Operation`` of one call made with these options (``where``: method, path)."""
-        return Operation(
-            scope=scope,
-            key=key,
-            request_hash=request_hash,
-            name=name,
-            mode=self.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-            lease_seconds=self.lease_seconds,
-            lock_timeout=self.lock_timeout,
-            resolver=self.resolver,
-            wait_seconds=self.wait_seconds,
-            in_flight=self.in_flight,
-            using=self.using,
-            **where,
-        )
 
 
 def _error_format_shape(value: object) -> bool:

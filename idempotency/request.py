@@ -51,10 +51,23 @@ _FORM_ONLY_FIELDS = (KEY_FORM_FIELD, "csrfmiddlewaretoken")
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
+def read_operation(request: AnyRequest, options: IdempotencyOptions, name: str) -> Operation | None:
+    """The operation ``request`` asks for under ``options``: its key, scope and fingerprint.
+
+    ``None`` when it carries no key and need not (``required``, ``REQUIRE_KEY``).
+    A body too deep to read is refused before any parser or key function runs.
+    """
+    json_body(request)
+    key = read_key(request, options)
+    if key is None:
+        return None
+    return build_operation(request, options, key, name)
+
+
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if options.key is None:
         return header_key(request, options.header, options.required)
-    function = load_callable(options.key, "key")
+    function = _loaded(options.key, "key")
     key = call_key_function(function, lambda: function(request), passes=is_client_error)
     if key is not None:
         validate_key(checked_key(key, function), max_length=idempotency_settings.MAX_KEY_LENGTH)
@@ -63,6 +76,11 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
         name = getattr(function, "__qualname__", repr(function))
         raise KeyMissing(f"{KeyMissing.default_detail} The key function {name} found none (None).")
     return None
+
+
+def _loaded(function: Callable[..., Any] | str, option: str) -> Callable[..., Any]:
+    """A view's option given as a callable, or as its dotted path (imported once, kept)."""
+    return function if callable(function) else load_callable(function, option)
 
 
 def header_key(request: AnyRequest, header: str | None, required: bool | None) -> str | None:
@@ -104,8 +122,9 @@ def build_operation(
     request: AnyRequest, options: IdempotencyOptions, key: str, name: str
 ) -> Operation:
     django_request = django_request_of(request)
-    scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
-    return options.call(
+    scope_function = _loaded(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
+    return Operation.of(
+        options,
         checked_scope(scope_function, scope_function(request, name)),
         key,
         request_hash(request, options),
@@ -139,7 +158,7 @@ def _name_of(function: Callable[..., Any]) -> str:
 
 def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
     if options.fingerprint is not None:
-        material = load_callable(options.fingerprint, "fingerprint")(request)
+        material = _loaded(options.fingerprint, "fingerprint")(request)
         return fingerprint([material])
     return fields_hash(request, options.fields, options.exclude)
 

@@ -25,6 +25,7 @@ from idempotency.conf import (
     MODES,
     OMITTED_HEADER,
     error_format,
+    idempotency_settings,
     is_header_name,
     load_callable,
 )
@@ -356,19 +357,15 @@ CHECKS: list[Check] = [
 
 
 # The IDEMPOTENCY object last found valid: checked again only when it changes.
-_valid: list[object] = []
-
-
 def validate_settings() -> None:
     """Raise ``ImproperlyConfigured`` on the first use of an invalid ``IDEMPOTENCY``.
 
     The system checks say the same at start-up; this catches a deployment that
     skips them (``--skip-checks``, a bare WSGI server), instead of serving with
-    a setting nobody meant (``MODE: "leased"``).
+    a setting nobody meant (``MODE: "leased"``). The entry points call it while
+    ``idempotency_settings.validated`` is false: once per change of the settings.
     """
     user = getattr(settings, "IDEMPOTENCY", None)
-    if _valid and _valid[0] is user:
-        return
     found = settings_messages({} if user is None else user)
     errors = [message for message in found if message.is_serious()]
     if errors:
@@ -378,12 +375,12 @@ def validate_settings() -> None:
                 for error in errors
             )
         )
-    _valid[:] = [user]
+    idempotency_settings.validated = True
 
 
 def _forget_valid(*, setting: str, **kwargs: Any) -> None:
     if setting in ("IDEMPOTENCY", "DATABASES", "CACHES"):  # what the checks read
-        _valid.clear()
+        idempotency_settings.validated = False
 
 
 setting_changed.connect(_forget_valid)

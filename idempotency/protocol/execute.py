@@ -39,6 +39,7 @@ from idempotency.protocol.claim import (
 from idempotency.protocol.operation import Attempt, Operation
 from idempotency.protocol.states import REPLAYABLE
 from idempotency.protocol.write_guard import writes_only_to
+from idempotency.settings_checks import validate_settings
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
 
@@ -59,6 +60,8 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
     recorded, and the same call may be retried. A records table not migrated
     raises ``ImproperlyConfigured``, which no retry mends.
     """
+    if not idempotency_settings.validated:
+        validate_settings()
     try:
         if idempotency_settings.REPLAY_CACHE is not None:
             cached = replay_cache.lookup(operation)

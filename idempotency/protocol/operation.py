@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache, cached_property
+from typing import Any
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
@@ -45,6 +46,31 @@ class Operation:
 
     # Where its record lives: known once the rest is.
     database: str = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(
+        cls, options: Any, scope: str, key: str, request_hash: str, name: str, **where: str
+    ) -> Operation:
+        """The operation of one call made with an entry point's ``options``.
+
+        ``options`` is an ``IdempotencyOptions`` (or anything with its protocol
+        options: mode, lease_seconds, lock_timeout, resolver, wait_seconds,
+        in_flight, using); ``where`` is the request's method and path.
+        """
+        return cls(
+            scope=scope,
+            key=key,
+            request_hash=request_hash,
+            name=name,
+            mode=options.mode or idempotency_settings.MODE,
+            lease_seconds=options.lease_seconds,
+            lock_timeout=options.lock_timeout,
+            resolver=options.resolver,
+            wait_seconds=options.wait_seconds,
+            in_flight=options.in_flight,
+            using=options.using,
+            **where,
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))

@@ -14,10 +14,10 @@ from ninja import NinjaAPI
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from idempotency import IdempotencyError, idempotent, idempotent_function
-from idempotency.adapters import error_response, use_error_format
 from idempotency.exceptions import KeyInUse
 from idempotency.models import IdempotencyRecord
 from idempotency.ninja import idempotent as ninja_idempotent
+from idempotency.response import error_response, use_error_format
 from tests.factories import UserFactory
 from tests.testapp.views import OrderViewSet
 

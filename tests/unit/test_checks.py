@@ -85,7 +85,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
 
 
 @pytest.mark.parametrize(
-    "renderer", ["idempotency.problems.problem_response", lambda request, error, status: None]
+    "renderer", ["idempotency.response.problem_response", lambda request, error, status: None]
 )
 def test_a_renderer_is_an_error_format(renderer):
     with override_settings(IDEMPOTENCY={"ERROR_FORMAT": renderer}):
