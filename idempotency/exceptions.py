@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError
 
 
@@ -95,3 +96,7 @@ class DatabaseUnavailable(IdempotencyError, OperationalError):
     def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = max(1, int(retry_after))
+
+
+class CrossDatabaseWrite(ImproperlyConfigured):
+    """An atomic-mode attempt wrote to a database that does not hold its record."""

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import RawPostDataException
+from django.http import HttpRequest, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 
@@ -57,11 +57,15 @@ def read_operation(request: AnyRequest, options: IdempotencyOptions, name: str) 
     ``None`` when it carries no key and need not (``required``, ``REQUIRE_KEY``).
     A body too deep to read is refused before any parser or key function runs.
     """
-    json_body(request)
-    key = read_key(request, options)
+    django_request = django_request_of(request)
+    _json_body(django_request)
+    if options.key is None:
+        key = _header_key(request, django_request, options.header, options.required)
+    else:
+        key = read_key(request, options)
     if key is None:
         return None
-    return build_operation(request, options, key, name)
+    return _operation(request, django_request, options, key, name)
 
 
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
@@ -85,10 +89,15 @@ def _loaded(function: Callable[..., Any] | str, option: str) -> Callable[..., An
 
 def header_key(request: AnyRequest, header: str | None, required: bool | None) -> str | None:
     """The key of the ``header`` header (default ``HEADER``), or of the form's key field."""
-    name = _meta_name(header or idempotency_settings.HEADER)
-    raw = django_request_of(request).META.get(name)
+    return _header_key(request, django_request_of(request), header, required)
+
+
+def _header_key(
+    request: AnyRequest, django_request: HttpRequest, header: str | None, required: bool | None
+) -> str | None:
+    raw = django_request.META.get(_meta_name(header or idempotency_settings.HEADER))
     if raw is None:
-        raw = _form_key(request)
+        raw = _form_key(request, django_request)
     if raw is not None:
         return parse_key(raw, max_length=idempotency_settings.MAX_KEY_LENGTH)
     if _required(required):
@@ -106,8 +115,8 @@ def _meta_name(header: str) -> str:
     return HttpHeaders.to_wsgi_name(header)
 
 
-def _form_key(request: AnyRequest) -> str | None:
-    if (django_request_of(request).content_type or "") not in _FORM_TYPES:
+def _form_key(request: AnyRequest, django_request: HttpRequest) -> str | None:
+    if (django_request.content_type or "") not in _FORM_TYPES:
         return None
     data = parsed_body(request)
     try:
@@ -121,7 +130,16 @@ def _form_key(request: AnyRequest) -> str | None:
 def build_operation(
     request: AnyRequest, options: IdempotencyOptions, key: str, name: str
 ) -> Operation:
-    django_request = django_request_of(request)
+    return _operation(request, django_request_of(request), options, key, name)
+
+
+def _operation(
+    request: AnyRequest,
+    django_request: HttpRequest,
+    options: IdempotencyOptions,
+    key: str,
+    name: str,
+) -> Operation:
     scope_function = _loaded(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
     return Operation.of(
         options,
@@ -204,19 +222,22 @@ def default_fingerprint(
             (django_request.method or "").upper(),
             django_request.path,
             json.dumps(query) if query else "[]",
-            _canonical_body(request, fields, exclude),
+            _canonical_body(request, django_request, fields, exclude),
         ]
     )
 
 
 def _canonical_body(
-    request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
+    request: AnyRequest,
+    django_request: HttpRequest,
+    fields: Collection[str] | None,
+    exclude: Collection[str],
 ) -> str | bytes:
-    content_type = django_request_of(request).content_type or ""
+    content_type = django_request.content_type or ""
     form = content_type in _FORM_TYPES
     if form:
         exclude = (*exclude, *_FORM_ONLY_FIELDS)
-    exact = json_body(request)
+    exact = _json_body(django_request)
     if exact is not UNPARSED:
         if exact is _NOT_JSON:
             return request.body  # the view rejects it; the raw bytes still fingerprint it
@@ -246,7 +267,10 @@ def json_body(request: AnyRequest) -> Any:
     nests deeper than ``MAX_BODY_DEPTH`` or its bytes are not valid UTF-8 (surrogates
     included): every adapter calls this before the view runs. Parsed once per request.
     """
-    django_request = django_request_of(request)
+    return _json_body(django_request_of(request))
+
+
+def _json_body(django_request: HttpRequest) -> Any:
     cached = getattr(django_request, "_idempotency_json", UNPARSED)
     if cached is not UNPARSED:
         return cached

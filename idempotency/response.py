@@ -59,9 +59,10 @@ def outcome_of(
     attempt: Attempt,
     options: IdempotencyOptions,
 ) -> Outcome | None:
-    policy = load_callable(
-        options.outcome_policy or idempotency_settings.OUTCOME_POLICY, "outcome_policy"
-    )
+    """What ``response`` is recorded as, by the view's outcome policy; ``None``: nothing."""
+    policy = options.outcome_policy or idempotency_settings.OUTCOME_POLICY
+    if not callable(policy):  # a view's dotted path, imported once
+        policy = load_callable(policy, "outcome_policy")
     status = policy(response)
     if status is None:
         return None

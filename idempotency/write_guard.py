@@ -1,12 +1,13 @@
-"""Deprecated: the guard is ``idempotency.protocol.write_guard``."""
+"""Deprecated: the guard is in ``idempotency.protocol.execute`` (``writes_only_to``)."""
 
 import warnings
 
-from idempotency.protocol.write_guard import CrossDatabaseWrite, writes_only_to
+from idempotency.exceptions import CrossDatabaseWrite
+from idempotency.protocol.execute import writes_only_to
 
 warnings.warn(
     "idempotency.write_guard is deprecated and goes in the next release: use "
-    "idempotency.protocol.write_guard.",
+    "idempotency.protocol.execute.",
     DeprecationWarning,
     stacklevel=2,
 )

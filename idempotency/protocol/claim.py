@@ -1,4 +1,5 @@
-"""The claim: insert the record or find the one that holds the key, and decide what it means.
+"""The claim: insert the record or find the one that holds the key, and decide what it means;
+and what a duplicate of an attempt in flight is told.
 
 ``claim`` returns ``(attempt, None)`` when this call owns the record and must
 run the work, or ``(None, record)`` when a recorded outcome must be replayed.
@@ -9,11 +10,23 @@ transaction; another request under the same key, ``KeyReused``.
 
 The unique (scope, idem_key) index decides every first claim: the insert either
 lands or finds the row that holds the key, never check-then-insert.
+
+A duplicate that arrives while an attempt runs either waits for its outcome
+(atomic mode: on the row lock, up to ``LOCK_TIMEOUT``; lease mode:
+``WAIT_SECONDS``, among at most ``MAX_WAITERS`` of this process) or gets
+``KeyInUse`` (409) with a ``Retry-After`` a client can use: when the attempt is
+likely done (the operation's recent durations here), never past its lease.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+import statistics
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -23,8 +36,7 @@ from idempotency import signals
 from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.protocol.in_flight import busy
-from idempotency.protocol.operation import Attempt, Operation, lease_length, lock_timeout
+from idempotency.protocol.operation import Attempt, Operation
 from idempotency.protocol.states import REPLAYABLE, recover
 from idempotency.resolvers import resolver_for
 from idempotency.stores import Candidate
@@ -59,7 +71,7 @@ def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     record = _claim_in_one_statement(operation, token) if one_statement else None
     if record is None:
         store = operation.store
-        with ContentionAnswered(operation), store.bounded_lock_wait(lock_timeout(operation)):
+        with ContentionAnswered(operation), store.bounded_lock_wait(operation.lock_wait):
             record = _insert_or_lock(operation, token)
     return _settle(operation, record, token)
 
@@ -133,12 +145,12 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     to the locked path: the store has no one-statement claim, or the key is
     held by an unfinished record.
     """
-    lease = lease_length(operation) if operation.mode == "lease" else None
+    lease = operation.lease
     with ContentionAnswered(operation):
         record = operation.store.claim(
             _candidate(operation, token),
             lease=lease,
-            lock_timeout=lock_timeout(operation),
+            lock_timeout=operation.lock_wait,
             # Atomic mode: the record starts with a success's expiry (its finish is then in place).
             expires_in=retention_for(operation.name, Status.SUCCEEDED) if lease is None else None,
         )
@@ -182,8 +194,8 @@ def _claimed(
     replaced: bool = False,
 ) -> Attempt:
     leased = reclaimed or replaced  # ``_reclaim`` took the lease
-    if operation.mode == "lease" and not leased and record.lease_until is None:
-        operation.store.renew(record.pk, token, lease_length(operation))
+    if operation.lease is not None and not leased and record.lease_until is None:
+        operation.store.renew(record.pk, token, operation.lease)
     signals.record_claimed.send(
         IdempotencyRecord,
         record=record,
@@ -198,8 +210,7 @@ def _reclaim(
     operation: Operation, record: IdempotencyRecord, token: str, fresh: Candidate | None = None
 ) -> IdempotencyRecord:
     """Hand the locked record to ``token``; with ``fresh``, as the new request's first attempt."""
-    lease = lease_length(operation) if operation.mode == "lease" else None
-    reclaimed = operation.store.reclaim(record, token, lease=lease, fresh=fresh)
+    reclaimed = operation.store.reclaim(record, token, lease=operation.lease, fresh=fresh)
     if reclaimed is None:
         # Only an expired record's takeover is fenced, and the row's lock keeps it
         # expired: should it still not land, the key is someone else's now.
@@ -229,3 +240,119 @@ class ContentionAnswered:
             raise busy(self.operation) from error
         if contention == "retry":
             raise ClaimGivenUp() from error
+
+
+# --- what a duplicate of an attempt in flight is told ----------------------------------------
+
+_OPERATIONS = 256  # operation names remembered, the least recently finished forgotten first
+_SAMPLES = 32  # durations remembered per operation
+
+
+def in_use(
+    operation: Operation, record: IdempotencyRecord, *, unresolved: bool = False
+) -> KeyInUse:
+    """The 409 for a key ``record``'s attempt holds, with when to come back."""
+    remaining: timedelta | None = getattr(record, "lease_remaining", None)
+    if unresolved:
+        # The resolver answered "unknown": it is asked again when this pause (the lease) ends.
+        pause = remaining.total_seconds() if remaining is not None else 0
+        seconds = max(idempotency_settings.RETRY_AFTER, math.ceil(pause))
+    else:
+        seconds = retry_after(
+            operation.name, elapsed=_running_for(record, remaining), lease_remaining=remaining
+        )
+    signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=seconds)
+    return KeyInUse(retry_after=seconds)
+
+
+def busy(operation: Operation) -> KeyInUse:
+    """The 409 for a claim whose wait on the row lock ran past its bound."""
+    seconds = idempotency_settings.RETRY_AFTER
+    signals.key_in_use.send(IdempotencyRecord, operation=operation, retry_after=seconds)
+    return KeyInUse(retry_after=seconds)
+
+
+def _running_for(record: IdempotencyRecord, remaining: timedelta | None) -> timedelta | None:
+    """How long the record's attempt has run, by the database clock (claims set ``updated_at``)."""
+    if remaining is None or record.lease_until is None or record.updated_at is None:
+        return None
+    return record.lease_until - remaining - record.updated_at
+
+
+def retry_after(name: str, *, elapsed: timedelta | None, lease_remaining: timedelta | None) -> int:
+    """``Retry-After`` of a ``409``: whole seconds until the answer is likely there.
+
+    The operation's median duration here less what the attempt has run so far,
+    else ``RETRY_AFTER`` (also once the attempt runs longer than usual); never
+    past the end of its lease; at least one second.
+    """
+    seconds = float(idempotency_settings.RETRY_AFTER)
+    median = durations.median(name)
+    if median is not None and elapsed is not None and median > elapsed.total_seconds():
+        seconds = median - elapsed.total_seconds()
+    if lease_remaining is not None and lease_remaining > timedelta(0):
+        seconds = min(seconds, lease_remaining.total_seconds())
+    return max(1, math.ceil(seconds))
+
+
+class Durations:
+    """The durations of each operation's latest finished attempts in this process, bounded."""
+
+    def __init__(self, operations: int = _OPERATIONS, samples: int = _SAMPLES) -> None:
+        self._lock = threading.Lock()
+        self._operations = operations
+        self._samples = samples
+        self._by_name: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            samples = self._by_name.pop(name, None) or deque(maxlen=self._samples)
+            samples.append(seconds)
+            self._by_name[name] = samples
+            while len(self._by_name) > self._operations:
+                self._by_name.popitem(last=False)
+
+    def median(self, name: str) -> float | None:
+        with self._lock:
+            samples = list(self._by_name.get(name, ()))
+        return statistics.median(samples) if samples else None
+
+
+durations = Durations()
+
+
+def record_duration(name: str, seconds: float) -> None:
+    """An attempt of ``name`` finished after ``seconds``: the next 409s' ``Retry-After`` use it."""
+    durations.add(name, seconds)
+
+
+class Waiters:
+    """How many requests of this process wait for an outcome now, at most ``MAX_WAITERS``.
+
+    A waiting request holds a worker thread (and its database connection, idle);
+    past the bound, duplicates get ``409`` at once, so a hot key cannot take
+    every thread of a process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @contextmanager
+    def admitted(self) -> Iterator[bool]:
+        with self._lock:
+            admitted = self._count < idempotency_settings.MAX_WAITERS
+            self._count += admitted
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._lock:
+                    self._count -= 1
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+
+waiters = Waiters()

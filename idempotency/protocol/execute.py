@@ -15,30 +15,41 @@ repeats are frequent (``READ_FIRST``), or from the replay cache.
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
+from django.conf import settings
+from django.core import mail
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings, retention_for
-from idempotency.exceptions import DatabaseUnavailable, IdempotencyError, LeaseLost
+from idempotency.exceptions import (
+    CrossDatabaseWrite,
+    DatabaseUnavailable,
+    IdempotencyError,
+    LeaseLost,
+)
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome
-from idempotency.protocol import in_flight
 from idempotency.protocol.claim import (
     CLAIM_RETRIES,
     Claimed,
     ClaimGivenUp,
     InFlightHere,
+    busy,
     claim,
     claim_committed,
+    in_use,
+    record_duration,
+    waiters,
 )
 from idempotency.protocol.operation import Attempt, Operation
 from idempotency.protocol.states import REPLAYABLE
-from idempotency.protocol.write_guard import writes_only_to
 from idempotency.settings_checks import validate_settings
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
@@ -123,18 +134,16 @@ def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], repl
             # Only a transaction of our own can be tried again: inside the caller's,
             # what the database rolled back is the caller's to handle, so that is a 409.
             if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
-                raise in_flight.busy(operation) from exc
+                raise busy(operation) from exc
         except InFlightHere as held:
-            raise in_flight.in_use(operation, held.record) from None
+            raise in_use(operation, held.record) from None
     if ran:
         return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
     return _replay(operation, result, replay)  # type: ignore[arg-type]
 
 
-def _atomic_attempt(
-    operation: Operation, work: Work[T], decide: Decide[T]
-) -> tuple[bool, T | IdempotencyRecord | None]:
+def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> tuple[bool, Any]:
     """One transaction: the claim, the work and its outcome, or the record to replay."""
     with (
         transaction.atomic(using=operation.database),
@@ -153,6 +162,71 @@ def _atomic_attempt(
         else:
             _finish(attempt, outcome)
         return True, value
+
+
+# --- an atomic attempt writes to one database ---------------------------------------------
+#
+# An atomic-mode attempt writes to one database: the one that holds its record.
+#
+# The claim, the business writes and the recorded outcome commit together only
+# when they are in one transaction, so on one database. A view that writes to
+# another alias (a tenant's database the router did not pick for the record, a
+# second database of its own) commits that write on its own: a retry after a
+# crash runs it again, and the guarantee is silently gone. While an attempt
+# runs, every other alias of the request's thread refuses writes with
+# ``CrossDatabaseWrite``, which says what to set. It is on under ``DEBUG`` and
+# Django's test environment (``WRITE_GUARD = None``), always with ``True``,
+# never with ``False``: each statement on the other aliases is looked at.
+_WRITE = re.compile(r"\s*(?:INSERT|UPDATE|DELETE|MERGE|REPLACE|TRUNCATE|COPY)\b", re.IGNORECASE)
+
+
+def writes_only_to(database: str) -> AbstractContextManager[None]:
+    """While the attempt runs, refuse writes on every alias but ``database`` (when guarded)."""
+    if len(connections.settings) < 2 or not _guarded():
+        return nullcontext()
+    return _refuse_others(database)
+
+
+@contextmanager
+def _refuse_others(database: str) -> Iterator[None]:
+    with ExitStack() as stack:
+        for alias in connections:
+            if alias != database:
+                stack.enter_context(connections[alias].execute_wrapper(_refusal(alias, database)))
+        yield
+
+
+def _refusal(alias: str, database: str) -> Callable[..., Any]:
+    def refuse(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str) and _WRITE.match(sql):
+            raise CrossDatabaseWrite(
+                f"An atomic-mode idempotent attempt whose record is on database {database!r} "
+                f"wrote to {alias!r}: that write would commit on its own, outside the "
+                f"attempt's transaction, and run again on a retry. Put the record where the "
+                f"writes go: route IdempotencyRecord like the view's models (the router's "
+                f"db_for_write), or pass using={alias!r} to the view's protection "
+                f"(@idempotent(using=...), Operation(using=...)), or IDEMPOTENCY['DATABASE']; "
+                f"or use mode='lease'. IDEMPOTENCY['WRITE_GUARD'] = False turns this check off."
+            )
+        return execute(sql, params, many, context)
+
+    return refuse
+
+
+def _guarded() -> bool:
+    chosen = idempotency_settings.WRITE_GUARD
+    if chosen is not None:
+        return chosen
+    return bool(settings.DEBUG) or _testing()
+
+
+def _testing() -> bool:
+    """Django's test environment is set up (its runner, pytest-django): DEBUG is off there.
+
+    ``setup_test_environment`` installs the locmem outbox, ``django.core.mail.outbox``
+    (documented in Django's testing tools); nothing else marks it publicly.
+    """
+    return hasattr(mail, "outbox")
 
 
 # --- lease mode --------------------------------------------------------------------------
@@ -196,16 +270,16 @@ def _claim_or_wait(operation: Operation) -> Claimed:
         record = held.record
     connection = transaction.get_connection(operation.database)
     if operation.wait_for <= 0 or connection.in_atomic_block:
-        raise in_flight.in_use(operation, record)
+        raise in_use(operation, record)
     deadline = time.monotonic() + operation.wait_for
-    with in_flight.waiters.admitted() as admitted:
+    with waiters.admitted() as admitted:
         while admitted and (left := deadline - time.monotonic()) > 0:
             operation.store.wait_for_outcome(operation.scope, operation.key, left)
             try:
                 return _claim_committed(operation)
             except InFlightHere as held:
                 record = held.record
-    raise in_flight.in_use(operation, record)
+    raise in_use(operation, record)
 
 
 def _claim_committed(operation: Operation) -> Claimed:
@@ -215,7 +289,7 @@ def _claim_committed(operation: Operation) -> Claimed:
             return claim_committed(operation)
         except ClaimGivenUp as exc:
             if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
-                raise in_flight.busy(operation) from exc
+                raise busy(operation) from exc
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -240,7 +314,7 @@ def _finish(attempt: Attempt, outcome: Outcome) -> None:
             operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started
         )
     if operation.mode == "lease":
-        in_flight.durations.add(operation.name, time.monotonic() - attempt.started)
+        record_duration(operation.name, time.monotonic() - attempt.started)
         _wake_waiters(operation)
     _completed(attempt, outcome.status)
 
@@ -283,7 +357,7 @@ def _replay(
 ) -> T:
     assert record is not None
     if record.status not in REPLAYABLE:
-        raise in_flight.in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+        raise in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
     replay_share.seen(operation.name, replayed=True)
     if not from_cache and idempotency_settings.REPLAY_CACHE is not None:
         replay_cache.remember(operation, record)

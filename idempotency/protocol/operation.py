@@ -11,7 +11,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache, cached_property
+from functools import cache
 from typing import Any
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
@@ -44,8 +44,13 @@ class Operation:
     # None reads IN_FLIGHT.
     in_flight: InFlight | None = None
 
-    # Where its record lives: known once the rest is.
+    # Known once the rest is, read by the claim: where its record lives and the
+    # store of that database, the lease a claim takes (lease mode; None in atomic
+    # mode), and how long a claim waits on the row lock of a concurrent attempt.
     database: str = field(init=False, repr=False, compare=False)
+    store: Store = field(init=False, repr=False, compare=False)
+    lease: timedelta | None = field(init=False, repr=False, compare=False)
+    lock_wait: float = field(init=False, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -62,7 +67,7 @@ class Operation:
             key=key,
             request_hash=request_hash,
             name=name,
-            mode=options.mode or idempotency_settings.MODE,
+            mode=options.mode or idempotency_settings.MODE,  # type: ignore[arg-type]  # checked: E006
             lease_seconds=options.lease_seconds,
             lock_timeout=options.lock_timeout,
             resolver=options.resolver,
@@ -74,11 +79,19 @@ class Operation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
-        object.__setattr__(self, "database", records_database(self.using, scope=self.scope))
+        database = records_database(self.using, scope=self.scope)
+        object.__setattr__(self, "database", database)
+        object.__setattr__(self, "store", store_for(database))
+        lease = lease_length(self) if self.mode == "lease" else None
+        object.__setattr__(self, "lease", lease)
+        object.__setattr__(self, "lock_wait", self._lock_wait())
 
-    @cached_property
-    def store(self) -> Store:
-        return store_for(self.database)
+    def _lock_wait(self) -> float:
+        if self.conflict_at_once:
+            return 0.0
+        if self.lock_timeout is not None:
+            return self.lock_timeout
+        return float(idempotency_settings.LOCK_TIMEOUT)
 
     @property
     def conflict_at_once(self) -> bool:
@@ -132,12 +145,3 @@ class Attempt:
 def lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
     length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
     return timedelta(seconds=length)
-
-
-def lock_timeout(operation: Operation) -> float:
-    """How long a claim waits on the row lock of a concurrent attempt; 0: not at all."""
-    if operation.conflict_at_once:
-        return 0.0
-    if operation.lock_timeout is not None:
-        return operation.lock_timeout
-    return float(idempotency_settings.LOCK_TIMEOUT)

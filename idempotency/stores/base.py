@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 
@@ -44,7 +44,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from idempotency.conf import idempotency_settings
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 
 # What a database error met while claiming means (``Store.contention``):
 # "busy": the wait on the record's current holder ran past its bound, answer 409;
@@ -88,19 +88,6 @@ class Candidate(NamedTuple):
     request_path: str
     owner_token: str
 
-    def instance(self) -> IdempotencyRecord:
-        """The unsaved record, for stores that insert through the ORM."""
-        return IdempotencyRecord(
-            scope=self.scope,
-            idem_key=self.idem_key,
-            operation=self.operation,
-            request_hash=self.request_hash,
-            request_method=self.request_method,
-            request_path=self.request_path,
-            owner_token=self.owner_token,
-            status=Status.PROCESSING,
-        )
-
 
 def transaction_pooled(alias: str) -> bool:
     """Whether ``alias`` reaches its database through a pooler in transaction mode (PgBouncer).
@@ -132,17 +119,18 @@ class Store(ABC):
         """The database's name in telemetry (OpenTelemetry's ``db.system``): Django's vendor."""
         return self.connection.vendor
 
+    @abstractmethod
     def statements(self) -> AbstractContextManager[None]:
         """While inside, the store's statements on this context's connection may share a cursor.
 
-        ``core`` wraps an atomic-mode attempt in it (claim, work, finish), so a
+        The protocol wraps an atomic-mode attempt in it (claim, work, finish), so a
         store that can keep one cursor open for them need not make one per
-        statement. The default shares nothing.
+        statement. ``GenericStore`` shares nothing.
         """
-        return nullcontext()
 
     # The claim
 
+    @abstractmethod
     def claim(
         self,
         candidate: Candidate,
@@ -165,13 +153,11 @@ class Store(ABC):
         Returns the inserted record (its ``owner_token`` is the candidate's)
         or the committed record holding the key (another token: read, not
         locked), with ``expired`` set as ``lock`` sets it. Returns ``None``
-        when the store has no such statement or the statement could not see
-        the record holding the key (one committed after it started): ``core``
-        then takes the locked path
-        (``bounded_lock_wait`` around ``insert_or_lock``). Outside a
-        transaction the insert commits by itself.
+        when the store has no such statement (``GenericStore``) or the statement
+        could not see the record holding the key (one committed after it
+        started): the protocol then takes the locked path (``bounded_lock_wait``
+        around ``insert_or_lock``). Outside a transaction the insert commits by itself.
         """
-        return None  # no such statement: the locked path is the claim
 
     @abstractmethod
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:

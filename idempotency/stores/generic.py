@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -32,13 +32,41 @@ _SQLITE_BUSY = ("database is locked", "database table is locked")
 
 
 class GenericStore(Store):
+    """Every method in the ORM: the store of any database, and the one to subclass."""
+
+    def statements(self) -> AbstractContextManager[None]:
+        return nullcontext()  # the ORM makes a cursor per statement
+
+    def claim(
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
+    ) -> IdempotencyRecord | None:
+        return None  # no one-statement claim in the ORM: the locked path is the claim
+
+    def unsaved(self, candidate: Candidate) -> IdempotencyRecord:
+        """``candidate``'s record, unsaved, for the stores that insert it through the ORM."""
+        return IdempotencyRecord(
+            scope=candidate.scope,
+            idem_key=candidate.idem_key,
+            operation=candidate.operation,
+            request_hash=candidate.request_hash,
+            request_method=candidate.request_method,
+            request_path=candidate.request_path,
+            owner_token=candidate.owner_token,
+            status=Status.PROCESSING,
+        )
+
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)
         found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))[:1]
         return next(iter(found), None)
 
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
-        self.records().bulk_create([candidate.instance()], ignore_conflicts=True)
+        self.records().bulk_create([self.unsaved(candidate)], ignore_conflicts=True)
         return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
 
     def lock(self, pk: int) -> IdempotencyRecord:

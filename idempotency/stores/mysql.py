@@ -62,7 +62,7 @@ class MySQLStore(GenericStore):
             held = self._holding(candidate)
             if held is not None:
                 return held
-            record = candidate.instance()
+            record = self.unsaved(candidate)
             params = [
                 field.get_db_prep_save(field.pre_save(record, add=True), self.connection)
                 for field in self._inserted

@@ -16,8 +16,8 @@ from django.core.management import CommandError
 from django.db import connections
 from django.test import Client, override_settings
 
+from idempotency.exceptions import CrossDatabaseWrite
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.protocol.write_guard import CrossDatabaseWrite
 from idempotency.tasks import purge_expired_records, recover_expired_leases
 from tests import output
 from tests.deployment.support import together

@@ -23,7 +23,7 @@ from idempotency.functions import idempotent_function
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
-from idempotency.protocol import in_flight as waiting
+from idempotency.protocol import claim as waiting
 from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution, register, resolver_for
 from tests.factories import UserFactory

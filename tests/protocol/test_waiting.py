@@ -27,7 +27,7 @@ from idempotency.http import IdempotencyOptions
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Operation
-from idempotency.protocol import in_flight as waiting
+from idempotency.protocol import claim as waiting
 from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution
 from idempotency.stores import GenericStore, store_for

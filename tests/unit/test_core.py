@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
 
 from idempotency import signals
 from idempotency.conf import retention_for
@@ -557,11 +558,15 @@ class TestOperation:
         assert operation().database == "default"
 
     def test_explicit_database(self):
-        assert operation(using="other").database == "other"
+        assert operation(using="default").database == "default"
+        # Its store is made with it: a database that is not configured is said at once.
+        with pytest.raises(ConnectionDoesNotExist, match="other"):
+            operation(using="other")
 
     @override_settings(IDEMPOTENCY={"DATABASE": "reports"})
     def test_database_setting(self):
-        assert operation().database == "reports"
+        with pytest.raises(ConnectionDoesNotExist, match="reports"):
+            operation()
 
     def test_owner_tokens_are_unguessable(self, business):
         tokens = set()

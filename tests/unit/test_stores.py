@@ -99,7 +99,7 @@ def test_the_records_database_is_the_operations_then_the_setting_then_the_router
         with override_settings(IDEMPOTENCY={"DATABASE": "setting"}):
             assert records_database() == "setting"
             assert records_database("given") == "given"
-            assert Operation("s", "k", HASH, using="given").database == "given"
+    assert Operation("s", "k", HASH, using=DEFAULT_DB_ALIAS).database == DEFAULT_DB_ALIAS
 
 
 def test_sqlite_busy_is_contention_and_other_errors_are_not():
