@@ -48,8 +48,13 @@ def _misspelled_setting_names() -> list[CheckMessage]:
     return [_misspelled(name) for name in dir(settings) if _looks_like_ours(name)]
 
 
+# Names of the library's own that a settings module holds by import, as docs/operations-tasks.md
+# shows (``from idempotency.beat import IDEMPOTENCY_BEAT_SCHEDULE``): no misspelling.
+_IMPORTED_NAMES = frozenset({"IDEMPOTENCY_BEAT_SCHEDULE"})
+
+
 def _looks_like_ours(name: str) -> bool:
-    if name == SETTING or not name.isupper():
+    if name == SETTING or name in _IMPORTED_NAMES or not name.isupper():
         return False
     return "IDEMPOT" in name or bool(difflib.get_close_matches(name, [SETTING], cutoff=0.8))
 
@@ -75,8 +80,11 @@ def _misspelled(name: str) -> CheckMessage:
     )
 
 
-# DRF's own handler renders the library's errors the way an unset EXCEPTION_HANDLER does.
-_DRF_DEFAULT_HANDLER = "rest_framework.views.exception_handler"
+# DRF's own handler, and the library's (DRF's plus the 503 of an outage): a project that
+# names one of them has not chosen an error shape of its own.
+_DEFAULT_HANDLERS = frozenset(
+    {"rest_framework.views.exception_handler", "idempotency.drf.exception_handler"}
+)
 
 
 def _exception_handler_without_error_format() -> list[CheckMessage]:
@@ -87,7 +95,7 @@ def _exception_handler_without_error_format() -> list[CheckMessage]:
         return []  # chosen, "problem" included
     framework = getattr(settings, "REST_FRAMEWORK", None)
     handler = framework.get("EXCEPTION_HANDLER") if isinstance(framework, Mapping) else None
-    if handler is None or _dotted_path(handler) == _DRF_DEFAULT_HANDLER:
+    if handler is None or _dotted_path(handler) in _DEFAULT_HANDLERS:
         return []
     return [
         Info(
