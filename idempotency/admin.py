@@ -88,7 +88,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
     # scope by prefix ("user:42:" finds every operation of user 42).
     search_fields = ("=idem_key", "^scope", "=resource_id")
     search_help_text = _(
-        "Exact key or resource id, or the start of a scope. Quote a key that has spaces."
+        "Exact key or resource id, or the start of a scope. Quote a scope or resource id "
+        "that has spaces (keys never do)."
     )
     date_hierarchy = "created_at"
     ordering = ("-created_at",)

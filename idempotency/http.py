@@ -22,7 +22,7 @@ from django.db import Error as DjangoDatabaseError
 from django.db import connections
 from django.http.response import HttpResponseBase
 
-from idempotency import tracing
+from idempotency import signals, tracing
 from idempotency.adapters import (
     AnyRequest,
     FrameworkAdapter,
@@ -137,6 +137,7 @@ def protect(
             operation = read_operation(request, options, name)
             if operation is None:
                 tracing.unkeyed()
+                signals.send_unkeyed(name, request)
                 result: HttpResponseBase | _ClientError | None = None
             else:
                 result = _execute(request, view, options, operation)

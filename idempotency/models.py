@@ -1,10 +1,24 @@
 from __future__ import annotations
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from idempotency.indexes import PartialIndex
+
+# Imported by every entry point (the DRF mixin, @idempotent, the lazy names of
+# ``idempotency``): without the app, Django would refuse the model below with a
+# RuntimeError about app_label that names no fix, at URLconf import, where ``check``
+# and ``migrate`` die before any check runs. Asked only once the registry knows its
+# apps: before that, Django's own AppRegistryNotReady says what is wrong.
+if apps.apps_ready and not apps.is_installed("idempotency"):
+    raise ImproperlyConfigured(
+        'django-idempotency is imported but "idempotency" is not in INSTALLED_APPS: add '
+        '"idempotency" to INSTALLED_APPS in your settings, then run '
+        "`python manage.py migrate idempotency` to create its table."
+    )
 
 
 class Status(models.TextChoices):

@@ -281,8 +281,9 @@ def _resolved(record: IdempotencyRecord) -> str:
     if resolver_for(record.operation) is None:
         raise TransitionNotAllowed(
             gettext(
-                "operation %(operation)s has no resolver. Give its view resolver= "
-                "(idempotency_resolver on a DRF view) or set "
+                "operation %(operation)s has no resolver. Give it one where it is "
+                "declared: resolver= on @idempotent or @idempotent_function, "
+                "idempotency_resolver= on a DRF view or an IdempotentTask; or set "
                 "IDEMPOTENCY['RESOLVERS'][%(operation_repr)s]; or settle the record "
                 "with another action."
             )
