@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from idempotency import tracing
+from idempotency import steps, tracing
 from idempotency.conf import idempotency_settings
 from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
@@ -127,7 +127,7 @@ class CallGuard:
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
         scope = self._scope(bound, args, kwargs)
         call = options.call(scope, call_key, self.request_hash(args, kwargs), self.name)
-        return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
+        return execute(call, _within(work), decide=_record_result, replay=_stored_result)
 
     def _scope(
         self, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -153,6 +153,16 @@ class CallGuard:
         # By name, whether passed positionally or as keywords: f(a, b) is f(x=a, y=b).
         arguments = _named_arguments(self.signature, args, kwargs)
         return fingerprint([canonical(arguments, include=options.fields, exclude=options.exclude)])
+
+
+def _within(work: Callable[[], T]) -> Callable[[Attempt], T]:
+    """The work, run with its attempt as ``steps.current()``: the function is not handed it."""
+
+    def run(attempt: Attempt) -> T:
+        with steps.running(attempt):
+            return work()
+
+    return run
 
 
 def _call(

@@ -22,7 +22,7 @@ from django.db import Error as DjangoDatabaseError
 from django.db import connections
 from django.http.response import HttpResponseBase
 
-from idempotency import tracing
+from idempotency import steps, tracing
 from idempotency.adapters import (
     AnyRequest,
     FrameworkAdapter,
@@ -227,7 +227,8 @@ def _run_view(
 ) -> HttpResponseBase | _ClientError:
     request.idempotency = attempt  # type: ignore[union-attr]
     try:
-        return view()
+        with steps.running(attempt):
+            return view()
     except Exception as exc:
         if not is_client_error(exc):
             raise

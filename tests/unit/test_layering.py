@@ -118,6 +118,7 @@ LAYERS: list[set[str]] = [
         "idempotency.claim",
         "idempotency.finish",
         "idempotency.core",
+        "idempotency.steps",
     },
     {
         name
