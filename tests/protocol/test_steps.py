@@ -263,7 +263,7 @@ class TestRecordedSteps:
         page = admin_client.get(f"/admin/idempotency/idempotencyrecord/{record.pk}/change/")
         assert page.status_code == 200
         text = page.content.decode()
-        assert "ch_42" in text and "Steps recorded" in text, text[text.find("Steps") : text.find("Steps") + 800]
+        assert "ch_42" in text and "Steps recorded" in text
 
 
 class TestRefusals:
