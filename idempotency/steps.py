@@ -42,7 +42,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import IdempotencyError, LeaseLost
+from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 
 __all__ = [
@@ -90,23 +90,25 @@ class AttemptLike(Protocol):
     ) -> T: ...
 
 
-class NotInAttempt(IdempotencyError, RuntimeError):
-    """A step outside a protected attempt: no attempt running, or one in atomic mode."""
+class NotInAttempt(RuntimeError):
+    """A step outside a protected attempt: no attempt running, or one in atomic mode.
 
-    code = "idempotency_not_in_attempt"
-    title = "Not in an idempotent attempt"
-    default_detail = (
-        "Steps are taken from a running lease-mode attempt: call them from the work of a "
-        "view protected with mode='lease' (request.idempotency), an @idempotent_function("
-        "mode='lease') or an IdempotentTask with idempotency_mode='lease' (self.idempotency)."
-    )
+    A programming error, not the client's: no ``IdempotencyError``, whose codes the
+    adapters answer as the client's (4xx); this one is the server's (500).
+    """
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(
+            detail
+            or "Steps are taken from a running lease-mode attempt: call them from the work of "
+            "a view protected with mode='lease' (request.idempotency), an "
+            "@idempotent_function(mode='lease') (idempotency.steps.current()) or an "
+            "IdempotentTask with idempotency_mode='lease' (self.idempotency, bind=True)."
+        )
 
 
-class StepNotRecorded(IdempotencyError, ValueError):
+class StepNotRecorded(ValueError):
     """A step's result that cannot be recorded: not JSON, or larger than the limit."""
-
-    code = "idempotency_step_not_recorded"
-    title = "Step result not recorded"
 
 
 _current: ContextVar[AttemptLike | None] = ContextVar("idempotency_attempt", default=None)

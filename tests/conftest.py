@@ -109,15 +109,13 @@ def unmigrated() -> Iterator[None]:
 @pytest.fixture
 def records_table_dropped() -> Iterator[None]:
     """The app's migrations recorded as applied, its table gone (dropped by hand, or faked)."""
-    import importlib
-
     from django.apps import apps
 
     from idempotency.models import IdempotencyRecord
+    from idempotency.stores import step_cascade as steps
 
     # The steps' foreign key (or SQLite trigger) goes first: MariaDB refuses to drop a
     # table another one references, and it must be back with the table afterwards.
-    steps = importlib.import_module("idempotency.migrations.0005_steps")
     with connection.schema_editor() as editor:
         steps.drop_cascade(apps, editor)
         editor.delete_model(IdempotencyRecord)

@@ -4,48 +4,14 @@ The foreign key is the database's own, with ``ON DELETE CASCADE`` (on SQLite,
 which cannot add one to a table, a trigger after each delete of a record): the
 PostgreSQL store purges with one raw ``DELETE``, and the ORM's cascade would add a
 query to every discard. A later migration that makes SQLite rebuild the records
-table drops the trigger with it, and must call ``add_cascade`` again.
+table drops the trigger with it, and must call ``add_cascade`` again
+(``idempotency.stores.step_cascade``, where the vendors' statements live).
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
 
-
-def _tables(apps, schema_editor):
-    quote = schema_editor.quote_name
-    records = apps.get_model("idempotency", "IdempotencyRecord")._meta.db_table
-    step_table = apps.get_model("idempotency", "IdempotencyStep")._meta.db_table
-    return quote(records), quote(step_table)
-
-
-def add_cascade(apps, schema_editor):
-    records, step_table = _tables(apps, schema_editor)
-    vendor = schema_editor.connection.vendor
-    if vendor == "sqlite":
-        schema_editor.execute(
-            f"CREATE TRIGGER IF NOT EXISTS idempotency_step_cascade AFTER DELETE ON {records} "
-            f"FOR EACH ROW BEGIN DELETE FROM {step_table} WHERE record_id = OLD.id; END"
-        )
-    elif vendor in ("postgresql", "mysql"):
-        schema_editor.execute(
-            f"ALTER TABLE {step_table} ADD CONSTRAINT idempotency_step_record_fk "
-            f"FOREIGN KEY (record_id) REFERENCES {records} (id) ON DELETE CASCADE"
-        )
-
-
-def drop_cascade(apps, schema_editor):
-    records, step_table = _tables(apps, schema_editor)
-    vendor = schema_editor.connection.vendor
-    if vendor == "sqlite":
-        schema_editor.execute("DROP TRIGGER IF EXISTS idempotency_step_cascade")
-    elif vendor == "postgresql":
-        schema_editor.execute(
-            f"ALTER TABLE {step_table} DROP CONSTRAINT IF EXISTS idempotency_step_record_fk"
-        )
-    elif vendor == "mysql":
-        schema_editor.execute(
-            f"ALTER TABLE {step_table} DROP FOREIGN KEY idempotency_step_record_fk"
-        )
+from idempotency.stores.step_cascade import add_cascade, drop_cascade
 
 
 class Migration(migrations.Migration):

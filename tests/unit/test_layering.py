@@ -100,6 +100,7 @@ LAYERS: list[set[str]] = [
         "idempotency.stores.postgres",
         "idempotency.stores.postgres_waiting",
         "idempotency.stores.postgres_statements",
+        "idempotency.stores.step_cascade",
         "idempotency.replay_cache",
         "idempotency.retention",
         "idempotency.transitions",
