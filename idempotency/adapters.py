@@ -24,13 +24,11 @@ from django.http.response import HttpResponseBase
 
 from idempotency.compat import mark_logged
 from idempotency.conf import error_format, idempotency_settings
-from idempotency.core import (
-    database_unavailable,
-)
 from idempotency.exceptions import (
     IdempotencyError,
 )
 from idempotency.problems import error_status, problem_response
+from idempotency.protocol.execute import database_unavailable
 
 if TYPE_CHECKING:
     from rest_framework.request import Request

@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from idempotency import resolution
+from idempotency import recovery
 from idempotency.admin_forms import ResourceIdsForm
 from idempotency.models import IdempotencyRecord, Status
 
@@ -101,13 +101,13 @@ class ResolveActions(ActionsBase):
         if not form.is_valid():
             return self._resource_ids_page(request, form)
         selected = self._bounded(request, records)
-        report = resolution.mark_records(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
+        report = recovery.mark_records(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
         self._report(request, report, _marked_succeeded)
         return None
 
     @admin.action(permissions=["resolve"], description=_("Run the operation's resolver now"))
     def run_resolver(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
-        report = resolution.run_resolvers(self._bounded(request, queryset))
+        report = recovery.run_resolvers(self._bounded(request, queryset))
         for change in report.changes:
             self.log_change(
                 request,
@@ -137,13 +137,9 @@ class ResolveActions(ActionsBase):
     # -- the shared machinery of the actions
 
     def _mark(self, request: HttpRequest, records: Records, status: Status, done: Done) -> None:
-        self._report(
-            request, resolution.mark_records(self._bounded(request, records), status), done
-        )
+        self._report(request, recovery.mark_records(self._bounded(request, records), status), done)
 
-    def _report(
-        self, request: HttpRequest, report: resolution.ResolutionReport, done: Done
-    ) -> None:
+    def _report(self, request: HttpRequest, report: recovery.ResolutionReport, done: Done) -> None:
         for change in report.changes:
             self.log_change(request, change.after, change.describe())
         if changed := len(report.changes):

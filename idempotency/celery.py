@@ -23,7 +23,7 @@ from idempotency.options import options_from_attributes
 from idempotency.resolvers import register
 
 if TYPE_CHECKING:
-    from idempotency.core import Attempt
+    from idempotency.protocol import Attempt
 
 
 class IdempotentTask(Task):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -228,6 +229,16 @@ def _import(path: str, setting: str) -> Callable[..., Any]:
 
 
 idempotency_settings = Settings()
+
+
+def retention_for(operation_name: str, status: str) -> timedelta | None:
+    """How long a record in ``status`` is kept; ``None`` means until an operator acts.
+
+    ``OPERATION_RETENTION[operation_name]`` first, then ``RETENTION``.
+    """
+    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
+    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
+    return None if seconds is None else timedelta(seconds=float(seconds))
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

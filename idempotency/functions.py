@@ -18,11 +18,13 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import steps, tracing
 from idempotency.conf import idempotency_settings
-from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import call_key_function, checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.options import IdempotencyOptions, refuse_unknown
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt
+from idempotency.protocol.execute import execute
 from idempotency.resolvers import register
 from idempotency.settings_checks import validate_settings
 

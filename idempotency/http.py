@@ -38,16 +38,13 @@ from idempotency.adapters import (
 )
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import idempotency_settings
-from idempotency.core import (
-    Attempt,
-    Operation,
-    execute,
-)
 from idempotency.exceptions import (
     IdempotencyError,
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.problems import error_status, problem_response
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from idempotency.replay import (
     REPLAYED_HEADER,
     decide_outcome,

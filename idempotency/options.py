@@ -25,7 +25,7 @@ from idempotency.conf import (
     idempotency_settings,
     is_header_name,
 )
-from idempotency.core import Operation
+from idempotency.protocol import Operation
 
 if TYPE_CHECKING:
     from django.http.response import HttpResponseBase

@@ -14,13 +14,10 @@ from idempotency.conf import (
     idempotency_settings,
     load_callable,
 )
-from idempotency.core import (
-    Attempt,
-    Outcome,
-    StoredResponse,
-)
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.options import IdempotencyOptions
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt
 
 logger = logging.getLogger("idempotency")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
+from importlib import import_module
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,9 +27,6 @@ from idempotency.adapters import (
 )
 from idempotency.compat import query_parsed
 from idempotency.conf import idempotency_settings, load_callable
-from idempotency.core import (
-    Operation,
-)
 from idempotency.exceptions import (
     KeyMissing,
     ScopeUnavailable,
@@ -36,7 +34,7 @@ from idempotency.exceptions import (
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import call_key_function, checked_key, parse_key, validate_key
 from idempotency.options import IdempotencyOptions
-from idempotency.shards import request_tenant
+from idempotency.protocol import Operation
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
@@ -246,3 +244,14 @@ def json_body(request: AnyRequest) -> Any:
         parsed = _NOT_JSON
     django_request._idempotency_json = parsed  # type: ignore[attr-defined]
     return parsed
+
+
+def request_tenant(request: Any) -> str | None:
+    """The schema of the request's tenant (django-tenants' ``request.tenant``), but not public's."""
+    tenant = getattr(request, "tenant", None)
+    name = getattr(tenant, "schema_name", None)
+    if name is None:
+        return None
+    if name == import_module("django_tenants.utils").get_public_schema_name():
+        return None
+    return str(name)

@@ -89,7 +89,7 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 @pytest.fixture(autouse=True)
 def _no_durations_from_other_tests(monkeypatch):
     # Retry-After uses the durations this process saw: each test starts with none.
-    from idempotency import waiting
+    from idempotency.protocol import in_flight as waiting
 
     monkeypatch.setattr(waiting, "durations", waiting.Durations())
 

@@ -24,7 +24,8 @@ def main(user_id: int, key: str, effect_first: bool) -> None:
     import django
 
     django.setup()
-    from idempotency.core import Operation, execute
+    from idempotency.protocol import Operation
+    from idempotency.protocol.execute import execute
     from tests.testapp.lease_views import sku_for
     from tests.testapp.models import Order
 

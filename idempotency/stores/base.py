@@ -1,6 +1,6 @@
 """The interface between the idempotency protocol and the database holding the records.
 
-``core`` decides what happens to a key; a store only talks to the database.
+The protocol decides what happens to a key; a store only talks to the database.
 One store is made per database alias (``idempotency.stores.store_for``) and
 kept: a store may compose and cache its statements once.
 
@@ -22,10 +22,10 @@ The contract every store keeps:
 - Records a store returns are model instances made by the ORM (a queryset,
   ``.raw()``, ``Model.from_db`` or ``record_from_db``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
-  does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
-  error means, and ``core`` decides what to answer (it claims again after a
-  "retry" only in a transaction it opened itself, at most ``core.CLAIM_RETRIES``
-  times; inside the caller's transaction, or past that, it answers 409).
+  does not turn them into ``KeyInUse``: ``contention`` tells the protocol what
+  an error means, and the protocol decides what to answer (it claims again
+  after a "retry" only in a transaction it opened itself, at most
+  ``CLAIM_RETRIES`` times; inside the caller's transaction, or past that, 409).
 
 A subclass adds a vendor's faster or safer statements; ``GenericStore``
 (``idempotency.stores.generic``) is the ORM version of every method and the
@@ -35,6 +35,7 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple
@@ -52,7 +53,21 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Sta
 Contention = Literal["busy", "retry"]
 
 # The stores build records with it (its home is idempotency.compat).
-__all__ = ["Candidate", "Contention", "Store", "transaction_pooled"]
+__all__ = ["Candidate", "Contention", "Store", "pauses", "schema", "transaction_pooled"]
+
+
+def schema(alias: str) -> str | None:
+    """The schema the connection of ``alias`` is switched to (django-tenants), else ``None``."""
+    name = getattr(connections[alias], "schema_name", None)
+    return None if name is None else str(name)
+
+
+def pauses(first: float, longest: float) -> Iterator[float]:
+    """``first``, twice that, and so on up to ``longest``: the pauses of a bounded poll."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(pause * 2, longest)
 
 
 class Candidate(NamedTuple):
@@ -194,9 +209,14 @@ class Store(ABC):
 
     @abstractmethod
     def reclaim(
-        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
-    ) -> bool:
-        """Hand the locked record ``pk`` to the owner ``token`` as ``PROCESSING`` again.
+        self,
+        record: IdempotencyRecord,
+        token: str,
+        *,
+        lease: timedelta | None,
+        fresh: Candidate | None = None,
+    ) -> IdempotencyRecord | None:
+        """Hand the locked ``record`` to the owner ``token`` as ``PROCESSING`` again.
 
         One more attempt, a new version, no outcome and no expiry; with
         ``lease`` a fresh lease. The caller holds the row's lock (it settled
@@ -205,7 +225,11 @@ class Store(ABC):
         With ``fresh`` (an expired record: the key is new again) the record
         becomes ``fresh``'s: its request, a first attempt, created now, no
         outcome. That write is fenced as well: it lands only while the record
-        is still expired by the database clock, and returns whether it did.
+        is still expired by the database clock.
+
+        Returns the record as the write left it (its ``created_at`` and lease
+        as they were read: the database's clock set them), or ``None`` if the
+        write did not land.
         """
 
     @abstractmethod

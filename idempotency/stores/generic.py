@@ -25,8 +25,7 @@ from idempotency.models import (
     IdempotencyRecordQuerySet,
     Status,
 )
-from idempotency.stores.base import Candidate, Contention, Store
-from idempotency.waiting import pauses
+from idempotency.stores.base import Candidate, Contention, Store, pauses
 
 # SQLite's answer to a writer that waited out the connection's timeout.
 _SQLITE_BUSY = ("database is locked", "database table is locked")
@@ -46,25 +45,39 @@ class GenericStore(Store):
         return self.locked().get(pk=pk)
 
     def reclaim(
-        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
-    ) -> bool:
-        records = self.records().filter(pk=pk)
+        self,
+        record: IdempotencyRecord,
+        token: str,
+        *,
+        lease: timedelta | None,
+        fresh: Candidate | None = None,
+    ) -> IdempotencyRecord | None:
+        records = self.records().filter(pk=record.pk)
         values: dict[str, Any] = {"attempts": F("attempts") + 1}
         if fresh is not None:
             records = records.filter(expired_at_now())
             values = renewed(fresh)
-        return bool(
-            records.update(
-                **values,
-                status=Status.PROCESSING,
-                owner_token=token,
-                lease_until=None if lease is None else Now() + Value(lease),
-                version=F("version") + 1,
-                completed_at=None,
-                expires_at=None,
-                updated_at=Now(),
-            )
+        landed = records.update(
+            **values,
+            status=Status.PROCESSING,
+            owner_token=token,
+            lease_until=None if lease is None else Now() + Value(lease),
+            version=F("version") + 1,
+            completed_at=None,
+            expires_at=None,
+            updated_at=Now(),
         )
+        if not landed:
+            return None
+        # The row as written, without reading it back: the values that are plain
+        # (the database's clock set the rest; they are kept as read).
+        record.owner_token, record.status = token, Status.PROCESSING
+        if fresh is not None:
+            for name, value in values.items():
+                if name != "created_at":
+                    setattr(record, name, value)
+        record.expires_at = record.completed_at = None
+        return record
 
     @contextmanager
     def bounded_lock_wait(self, seconds: float) -> Iterator[None]:

@@ -17,8 +17,8 @@ from django.db import connections
 from django.test import Client, override_settings
 
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.protocol.write_guard import CrossDatabaseWrite
 from idempotency.tasks import purge_expired_records, recover_expired_leases
-from idempotency.write_guard import CrossDatabaseWrite
 from tests import output
 from tests.deployment.support import together
 from tests.deployment.tenancy import TENANTS, tenant

@@ -21,12 +21,14 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connections, router
 from django.test import override_settings
 
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
+from idempotency.protocol.states import transition
 from idempotency.recovery import recover_expired, resolve_record
 from idempotency.retention import purge
 from idempotency.stores import records_database
-from idempotency.transitions import transition
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.protocol.test_concurrency import post_order, run_in_threads
 from tests.testapp.models import Order

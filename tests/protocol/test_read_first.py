@@ -16,9 +16,9 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from idempotency import core
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.protocol import execute as core  # the module
 from tests.factories import UserFactory
 from tests.unit.test_core import OTHER_HASH, Business, operation
 

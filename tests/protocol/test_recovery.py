@@ -15,8 +15,10 @@ from django.db import connection
 from django.test import override_settings
 
 from idempotency import signals
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
 from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
 from idempotency.resolvers import Resolution, register
 from tests import lease_worker

@@ -18,11 +18,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from idempotency import resolvers
-from idempotency.claim import claim_committed
-from idempotency.core import Attempt, Operation, execute
 from idempotency.exceptions import LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.claim import claim_committed
+from idempotency.protocol.execute import execute
 from idempotency.recovery import recover_expired
 from idempotency.resolvers import Resolution, register
 from idempotency.retention import purge

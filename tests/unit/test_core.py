@@ -1,4 +1,4 @@
-"""``idempotency.core.execute`` with plain callables: the protocol without HTTP."""
+"""``idempotency.protocol.execute`` with plain callables: the protocol without HTTP."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from django.test import override_settings
 from django.utils import timezone
 
 from idempotency import signals
-from idempotency.core import Attempt, Operation, execute
+from idempotency.conf import retention_for
 from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
-from idempotency.retention import retention_for
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 

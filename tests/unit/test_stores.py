@@ -23,12 +23,14 @@ from django.test import override_settings
 from django.utils import timezone
 
 import idempotency
-from idempotency import core, signals, stores
-from idempotency.core import Operation, execute
+from idempotency import signals, stores
 from idempotency.exceptions import KeyInUse
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol import claim as core
+from idempotency.protocol.execute import execute
 from idempotency.retention import batch
 from idempotency.stores import Candidate, GenericStore, Store, records_database, store_for
 from idempotency.stores.postgres import PostgresStore
@@ -188,7 +190,7 @@ class TestContract:
         assert released.status == Status.FAILED_RETRYABLE
         assert released.expires_at is not None
         with transaction.atomic():
-            store.reclaim(store.lock(record.pk).pk, "c" * 32, lease=LEASE)
+            store.reclaim(store.lock(record.pk), "c" * 32, lease=LEASE)
         reclaimed = store_for(DEFAULT_DB_ALIAS).lock(record.pk)
         assert (reclaimed.status, reclaimed.owner_token) == (Status.PROCESSING, "c" * 32)
         assert reclaimed.attempts == 2 and reclaimed.expires_at is None
@@ -243,7 +245,7 @@ class TestContract:
     def test_reclaim_makes_an_expired_record_the_new_requests_first_attempt(self, store):
         record = self.expired(attempts=3, recovery_attempts=2)
         with transaction.atomic():
-            assert store.reclaim(store.lock(record.pk).pk, "c" * 32, lease=LEASE, fresh=candidate())
+            assert store.reclaim(store.lock(record.pk), "c" * 32, lease=LEASE, fresh=candidate())
         fresh = IdempotencyRecord.objects.get()
         assert (fresh.status, fresh.owner_token, fresh.request_hash) == (
             Status.PROCESSING,
@@ -262,9 +264,9 @@ class TestContract:
         # A record another claim already took over (or one still live) is not taken again.
         record = self.expired()
         IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
-        assert not store.reclaim(record.pk, "c" * 32, lease=None, fresh=candidate())
+        assert not store.reclaim(record, "c" * 32, lease=None, fresh=candidate())
         IdempotencyRecord.objects.update(status=Status.PROCESSING, expires_at=None)
-        assert not store.reclaim(record.pk, "c" * 32, lease=None, fresh=candidate())
+        assert not store.reclaim(record, "c" * 32, lease=None, fresh=candidate())
         assert IdempotencyRecord.objects.get().owner_token == record.owner_token
 
     def test_delete_batch_deletes_the_batch_only(self, store):

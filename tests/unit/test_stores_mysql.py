@@ -13,10 +13,12 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import KeyInUse
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from idempotency.retention import purge
 from idempotency.stores import store_for
 from idempotency.stores.mysql import MySQLStore, lock_wait_seconds

@@ -14,11 +14,13 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+from idempotency.conf import retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.retention import retention_for
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -1,7 +1,8 @@
 """What the protocol runs: an ``Operation`` (one business intent) and its ``Attempt``.
 
-The types every part of the protocol passes around, with the per-call options
-they carry and how each falls back to its setting.
+An adapter builds the ``Operation`` complete (scope, key, request hash and the
+per-call options, each falling back to its setting) and hands it to ``execute``;
+the work gets the ``Attempt`` that holds the record.
 """
 
 from __future__ import annotations

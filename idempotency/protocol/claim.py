@@ -2,31 +2,49 @@
 
 ``claim`` returns ``(attempt, None)`` when this call owns the record and must
 run the work, or ``(None, record)`` when a recorded outcome must be replayed.
-A key held by a live attempt raises ``InFlightHere`` (see ``contention``);
-another request under the same key raises ``KeyReused``.
+A key held by a live attempt raises ``InFlightHere``; a wait on the row lock past
+its bound, ``KeyInUse``; a claim the database gave up (a deadlock's victim),
+``ClaimGivenUp``, which the caller may meet by claiming again in a new
+transaction; another request under the same key, ``KeyReused``.
+
+The unique (scope, idem_key) index decides every first claim: the insert either
+lands or finds the row that holds the key, never check-then-insert.
 """
 
 from __future__ import annotations
 
 import secrets
 from datetime import timedelta
+from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from idempotency import signals
-from idempotency.conf import idempotency_settings
-from idempotency.contention import ContentionAnswered, InFlightHere
+from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
-from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
-from idempotency.operation import Attempt, Operation, lease_length, lock_timeout
-from idempotency.read_first import replay_share
-from idempotency.recovery import settle
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.protocol.in_flight import busy
+from idempotency.protocol.operation import Attempt, Operation, lease_length, lock_timeout
+from idempotency.protocol.states import REPLAYABLE, recover
 from idempotency.resolvers import resolver_for
-from idempotency.retention import retention_for
 from idempotency.stores import Candidate
-from idempotency.stores.generic import renewed
 
 Claimed = tuple["Attempt | None", IdempotencyRecord | None]
+
+# How often a claim the database gave up is tried again, each in a transaction of
+# its own, before the duplicate is answered 409.
+CLAIM_RETRIES = 3
+
+
+class ClaimGivenUp(Exception):
+    """The database gave up the claim's transaction (a deadlock's victim): claim again."""
+
+
+class InFlightHere(Exception):
+    """A live attempt holds the key: a 409, unless the duplicate may wait for its outcome."""
+
+    def __init__(self, record: IdempotencyRecord) -> None:
+        self.record = record
 
 
 def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
@@ -35,8 +53,7 @@ def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     Returns ``(attempt, None)`` when this call owns the record and must run the
     work, or ``(None, record)`` when a recorded outcome must be replayed (or,
     after a lost lease the resolver could not settle, answered "in use" once the
-    transaction has committed what recovery wrote). Raises ``KeyReused`` or
-    ``KeyInUse`` otherwise.
+    transaction has committed what recovery wrote).
     """
     token = secrets.token_hex(16)
     record = _claim_in_one_statement(operation, token) if one_statement else None
@@ -44,7 +61,7 @@ def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
         store = operation.store
         with ContentionAnswered(operation), store.bounded_lock_wait(lock_timeout(operation)):
             record = _insert_or_lock(operation, token)
-    return _settle_claim(operation, record, token)
+    return _settle(operation, record, token)
 
 
 def claim_committed(operation: Operation) -> Claimed:
@@ -59,28 +76,28 @@ def claim_committed(operation: Operation) -> Claimed:
         token = secrets.token_hex(16)
         record = _claim_in_one_statement(operation, token)
         if record is not None:
-            return _settle_claim(operation, record, token)
+            return _settle(operation, record, token)
         with transaction.atomic(using=operation.database):
             return claim(operation, one_statement=False)  # it was just tried
     with transaction.atomic(using=operation.database):
         return claim(operation)
 
 
-def _settle_claim(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
+def _settle(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
+    """What the record found (or inserted) under the key means for this request."""
     if record.owner_token == token:
-        return _claimed(operation, record, token, reclaimed=False), None
+        return _claimed(operation, record, token), None
     if _expired(record):
-        # Its window has passed: the key is new, whatever the old request was.
-        _reclaim(operation, record, token, fresh=_candidate(operation, token))
-        return _claimed(operation, record, token, reclaimed=False, replaced=True), None
+        # Its window has passed: the key is new, whatever the old request was ("replace").
+        replaced = _reclaim(operation, record, token, _candidate(operation, token))
+        return _claimed(operation, replaced, token, replaced=True), None
     if record.request_hash != operation.request_hash:
         signals.key_reused.send(IdempotencyRecord, record=record, operation=operation)
         raise KeyReused()
     if record.status in REPLAYABLE:
         return None, record
-    if record.status == Status.FAILED_RETRYABLE:
-        _reclaim(operation, record, token)
-        return _claimed(operation, record, token, reclaimed=True), None
+    if record.status == Status.FAILED_RETRYABLE:  # "retry"
+        return _claimed(operation, _reclaim(operation, record, token), token, reclaimed=True), None
     if _lease_lost(record):
         return _after_lost_lease(operation, record, token)
     raise InFlightHere(record)
@@ -99,13 +116,13 @@ def _lease_lost(record: IdempotencyRecord) -> bool:
 
 def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
     """Never re-run blindly: the first attempt may have had its effect. Ask the resolver."""
-    _, settled = settle(record, resolver_for(operation.name, operation.resolver))
-    if settled.status in REPLAYABLE:
-        return None, settled
-    if settled.status == Status.FAILED_RETRYABLE:
-        _reclaim(operation, settled, token)
-        return _claimed(operation, settled, token, reclaimed=True), None
-    return None, operation.store.lock(settled.pk)
+    _, recovered = recover(record, resolver_for(operation.name, operation.resolver))
+    if recovered.status in REPLAYABLE:
+        return None, recovered
+    if recovered.status == Status.FAILED_RETRYABLE:
+        retried = _reclaim(operation, recovered, token)
+        return _claimed(operation, retried, token, reclaimed=True), None
+    return None, operation.store.lock(recovered.pk)
 
 
 def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyRecord | None:
@@ -161,11 +178,10 @@ def _claimed(
     record: IdempotencyRecord,
     token: str,
     *,
-    reclaimed: bool,
+    reclaimed: bool = False,
     replaced: bool = False,
 ) -> Attempt:
-    replay_share.seen(operation.name, replayed=False)
-    leased = reclaimed or replaced  # ``reclaim`` took the lease
+    leased = reclaimed or replaced  # ``_reclaim`` took the lease
     if operation.mode == "lease" and not leased and record.lease_until is None:
         operation.store.renew(record.pk, token, lease_length(operation))
     signals.record_claimed.send(
@@ -180,17 +196,36 @@ def _claimed(
 
 def _reclaim(
     operation: Operation, record: IdempotencyRecord, token: str, fresh: Candidate | None = None
-) -> None:
+) -> IdempotencyRecord:
     """Hand the locked record to ``token``; with ``fresh``, as the new request's first attempt."""
     lease = lease_length(operation) if operation.mode == "lease" else None
-    if not operation.store.reclaim(record.pk, token, lease=lease, fresh=fresh):
+    reclaimed = operation.store.reclaim(record, token, lease=lease, fresh=fresh)
+    if reclaimed is None:
         # Only an expired record's takeover is fenced, and the row's lock keeps it
         # expired: should it still not land, the key is someone else's now.
         raise KeyInUse(retry_after=idempotency_settings.RETRY_AFTER)
-    record.owner_token = token
-    record.status = Status.PROCESSING
-    if fresh is not None:
-        for name, value in renewed(fresh).items():
-            if name != "created_at":  # the database's clock: left as read
-                setattr(record, name, value)
-        record.expires_at = record.completed_at = None
+    return reclaimed
+
+
+class ContentionAnswered:
+    """A claim that waited past its bound is a 409; one the database gave up, ``ClaimGivenUp``.
+
+    A class, not ``@contextmanager``: it wraps every claim, and a generator costs more.
+    """
+
+    def __init__(self, operation: Operation) -> None:
+        self.operation = operation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        if not isinstance(error, DatabaseError):
+            return
+        contention = self.operation.store.contention(error)
+        if contention == "busy":
+            raise busy(self.operation) from error
+        if contention == "retry":
+            raise ClaimGivenUp() from error

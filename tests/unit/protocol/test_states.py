@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from idempotency.core import StoredResponse
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.transitions import ALLOWED, can_transition, transition
+from idempotency.outcomes import StoredResponse
+from idempotency.protocol.states import ABSENT, MOVES, STATES, can_transition, transition
 from tests.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
@@ -48,15 +48,48 @@ def state(record: IdempotencyRecord) -> dict[str, Any]:
     return values
 
 
-def test_allowed_table_is_the_design():
-    pairs = {(source, target) for source, targets in ALLOWED.items() for target in targets}
-    assert pairs == EXPECTED
+def outside_a_request() -> set[tuple[str, str]]:
+    return {
+        (source, target)
+        for name in ("recover", "resolve")
+        for source in MOVES[name].sources
+        for target in MOVES[name].targets
+    }
+
+
+def test_moves_outside_a_request_are_the_design():
+    assert outside_a_request() == EXPECTED
+
+
+def test_the_table_is_the_designs_state_machine():
+    arrows = {
+        (source, target)
+        for move in MOVES.values()
+        for source in move.sources
+        for target in move.targets
+        if source != target
+    }
+    finished = {Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE}
+    assert arrows == {
+        (ABSENT, Status.PROCESSING),
+        (Status.FAILED_RETRYABLE, Status.PROCESSING),
+        *((status, Status.PROCESSING) for status in finished if status != Status.FAILED_RETRYABLE),
+        *((Status.PROCESSING, status) for status in (*finished, Status.NEEDS_REVIEW)),
+        (Status.PROCESSING, ABSENT),
+        *((Status.NEEDS_REVIEW, status) for status in finished),
+        *((status, ABSENT) for status in finished),
+    }
+    assert set(STATES) == {ABSENT, *Status.values}
+
+
+def mover(target: str) -> str:
+    return "recover" if target == Status.NEEDS_REVIEW else "resolve"
 
 
 @pytest.mark.parametrize(("source", "target"), sorted(EXPECTED))
 def test_allowed_transitions_apply(source, target):
     record = make(source)
-    moved = transition(record, target)
+    moved = transition(record, target, move=mover(target))
     assert moved.status == target
     assert moved.version == record.version + 1
     assert moved.owner_token != record.owner_token
@@ -108,7 +141,7 @@ def test_retention_of_the_target_state(target, window):
 
 def test_needs_review_never_expires():
     record = make(Status.PROCESSING, expires_at=None)
-    assert transition(record, Status.NEEDS_REVIEW).expires_at is None
+    assert transition(record, Status.NEEDS_REVIEW, move="recover").expires_at is None
 
 
 class TestGuards:

@@ -1,0 +1,341 @@
+"""The idempotency protocol: claim a record, run the work once, store its outcome.
+
+``execute`` takes a complete ``Operation`` from an adapter and calls back only for
+the work and for the decision on its result. It knows nothing of HTTP, nor of which
+database holds the records: it decides, and the alias's store (``idempotency.stores``)
+runs the statements.
+
+Atomic mode: one transaction holds the claim, the work's writes and the finish;
+what is not recorded did not happen. Lease mode: a committed claim, the work outside
+any transaction of ours, and a finish (or release) fenced by the owner token. A
+repeat of a recorded outcome is answered from it, read before any transaction when
+repeats are frequent (``READ_FIRST``), or from the replay cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
+
+from idempotency import replay_cache, signals
+from idempotency.conf import idempotency_settings, retention_for
+from idempotency.exceptions import DatabaseUnavailable, IdempotencyError, LeaseLost
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome
+from idempotency.protocol import in_flight
+from idempotency.protocol.claim import (
+    CLAIM_RETRIES,
+    Claimed,
+    ClaimGivenUp,
+    InFlightHere,
+    claim,
+    claim_committed,
+)
+from idempotency.protocol.operation import Attempt, Operation
+from idempotency.protocol.states import REPLAYABLE
+from idempotency.protocol.write_guard import writes_only_to
+from idempotency.stores.errors import is_outage
+from idempotency.unmigrated import not_migrated
+
+logger = logging.getLogger("idempotency")
+
+T = TypeVar("T")
+Work = Callable[[Attempt], T]
+Decide = Callable[[T, Attempt], "Outcome | None"]
+Replay = Callable[[IdempotencyRecord], T]
+
+
+def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: Replay[T]) -> T:
+    """Run ``work`` at most once for ``operation`` and answer repeats with ``replay``.
+
+    ``decide`` turns the work's result into the outcome to record, or ``None``
+    to record nothing (the business writes roll back, the key stays free).
+    A database that fails under it raises ``DatabaseUnavailable``: nothing was
+    recorded, and the same call may be retried. A records table not migrated
+    raises ``ImproperlyConfigured``, which no retry mends.
+    """
+    try:
+        if idempotency_settings.REPLAY_CACHE is not None:
+            cached = replay_cache.lookup(operation)
+            if cached is not None:
+                return _replay(operation, cached, replay, from_cache=True)
+        if operation.mode == "lease":
+            return _execute_leased(operation, work, decide, replay)
+        final = _read_first(operation)
+        if final is not None:
+            return _replay(operation, final, replay)
+        return _execute_atomic(operation, work, decide, replay)
+    except DjangoDatabaseError as exc:  # InterfaceError too, which is no DatabaseError
+        if isinstance(exc, IdempotencyError):
+            raise
+        if is_outage(exc):
+            raise database_unavailable(exc, operation) from exc
+        unmigrated = not_migrated(exc, operation.database)  # a 500 that says what to run
+        if unmigrated is not None:
+            raise unmigrated from exc
+        raise
+
+
+def database_unavailable(
+    error: Exception, operation: Operation | None = None
+) -> DatabaseUnavailable:
+    """``error`` (an outage) as the protocol's error, once: connections cleaned, signal sent.
+
+    A connection the failure broke is closed (Django's own end-of-request check,
+    ``close_if_unusable_or_obsolete``, run now), so that what runs next in this
+    thread, and the next request, connect afresh. Connections inside a
+    transaction are left to it: rolling back is the transaction's owner's job.
+    """
+    if isinstance(error, DatabaseUnavailable):
+        return error
+    _close_broken_connections()
+    unavailable = DatabaseUnavailable(retry_after=idempotency_settings.RETRY_AFTER)
+    # The ``idempotency`` logger hears this signal (idempotency/logs.py): one record per outage.
+    signals.database_unavailable.send(
+        IdempotencyRecord, operation=operation, error=error, retry_after=unavailable.retry_after
+    )
+    return unavailable
+
+
+def _close_broken_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
+# --- atomic mode -------------------------------------------------------------------------
+
+
+def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
+    for tries_left in range(CLAIM_RETRIES, -1, -1):
+        try:
+            ran, result = _atomic_attempt(operation, work, decide)
+            break
+        except ClaimGivenUp as exc:
+            # Only a transaction of our own can be tried again: inside the caller's,
+            # what the database rolled back is the caller's to handle, so that is a 409.
+            if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
+                raise in_flight.busy(operation) from exc
+        except InFlightHere as held:
+            raise in_flight.in_use(operation, held.record) from None
+    if ran:
+        return result  # type: ignore[return-value]
+    # After the commit: what recovery wrote while claiming must stay even if this is a 409.
+    return _replay(operation, result, replay)  # type: ignore[arg-type]
+
+
+def _atomic_attempt(
+    operation: Operation, work: Work[T], decide: Decide[T]
+) -> tuple[bool, T | IdempotencyRecord | None]:
+    """One transaction: the claim, the work and its outcome, or the record to replay."""
+    with (
+        transaction.atomic(using=operation.database),
+        operation.store.statements(),
+        writes_only_to(operation.database),
+    ):
+        attempt, existing = claim(operation)
+        if attempt is None:
+            return False, existing
+        replay_share.seen(operation.name, replayed=False)
+        value = work(attempt)
+        outcome = decide(value, attempt)
+        if outcome is None:
+            # Nothing recorded, nothing happened: the business writes go too.
+            transaction.set_rollback(True, using=operation.database)
+        else:
+            _finish(attempt, outcome)
+        return True, value
+
+
+# --- lease mode --------------------------------------------------------------------------
+
+
+def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
+    attempt, existing = _claim_or_wait(operation)
+    if attempt is None:
+        return _replay(operation, existing, replay)
+    replay_share.seen(operation.name, replayed=False)
+    try:
+        value = work(attempt)
+        outcome = decide(value, attempt)
+    except BaseException as exc:
+        # The work may have had effects outside any transaction we control:
+        # keep the record, bound to this request, for a retry of the same request.
+        if is_outage(exc):
+            # Released over a fresh connection if the database is back; if it is
+            # not, the record stays claimable once its lease runs out.
+            _close_broken_connections()
+        _release(attempt, delete=False)
+        raise
+    if outcome is None:
+        _release(attempt, delete=True)
+    else:
+        _finish(attempt, outcome)
+    return value
+
+
+def _claim_or_wait(operation: Operation) -> Claimed:
+    """Lease mode: claim; a duplicate of a live attempt may first wait for its outcome.
+
+    Woken when the record may have changed, it claims again: that replays the
+    outcome, re-claims a released key (one waiter wins, the others wait on for
+    its outcome) or finds the attempt still running. Bounded by ``wait_for``
+    and by ``MAX_WAITERS`` per process; never inside a transaction.
+    """
+    try:
+        return _claim_committed(operation)
+    except InFlightHere as held:
+        record = held.record
+    connection = transaction.get_connection(operation.database)
+    if operation.wait_for <= 0 or connection.in_atomic_block:
+        raise in_flight.in_use(operation, record)
+    deadline = time.monotonic() + operation.wait_for
+    with in_flight.waiters.admitted() as admitted:
+        while admitted and (left := deadline - time.monotonic()) > 0:
+            operation.store.wait_for_outcome(operation.scope, operation.key, left)
+            try:
+                return _claim_committed(operation)
+            except InFlightHere as held:
+                record = held.record
+    raise in_flight.in_use(operation, record)
+
+
+def _claim_committed(operation: Operation) -> Claimed:
+    """``claim_committed``, again in a new transaction when the database gave one up."""
+    for tries_left in range(CLAIM_RETRIES, -1, -1):
+        try:
+            return claim_committed(operation)
+        except ClaimGivenUp as exc:
+            if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
+                raise in_flight.busy(operation) from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- the end of an attempt -----------------------------------------------------------------
+
+
+def _finish(attempt: Attempt, outcome: Outcome) -> None:
+    """Store the outcome ("finish"), fenced by the owner token: a lost lease stores nothing."""
+    operation, response = attempt.operation, outcome.response
+    values: dict[str, Any] = {
+        "status": str(outcome.status),
+        "response_status": response.status if response else None,
+        "response_headers": [list(pair) for pair in response.headers] if response else [],
+        "response_body": response.body if response else None,
+        "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
+    }
+    window = retention_for(operation.name, outcome.status)
+    if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
+        raise LeaseLost()
+    if idempotency_settings.REPLAY_CACHE is not None:
+        replay_cache.remember_outcome(
+            operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started
+        )
+    if operation.mode == "lease":
+        in_flight.durations.add(operation.name, time.monotonic() - attempt.started)
+        _wake_waiters(operation)
+    _completed(attempt, outcome.status)
+
+
+def _release(attempt: Attempt, *, delete: bool) -> None:
+    """Give the key back: ``delete`` the record ("discard": nothing happened), or
+    leave it ``FAILED_RETRYABLE`` ("release"), for a retry of the same request."""
+    store, pk, token = attempt.operation.store, attempt.record.pk, attempt.owner_token
+    if delete:
+        if store.discard(pk, token):
+            _wake_waiters(attempt.operation)
+        return
+    window = retention_for(attempt.operation.name, Status.FAILED_RETRYABLE)
+    if store.release(pk, token, window):
+        _wake_waiters(attempt.operation)
+        _completed(attempt, Status.FAILED_RETRYABLE)
+
+
+def _completed(attempt: Attempt, status: Status) -> None:
+    signals.record_completed.send(
+        IdempotencyRecord, record=attempt.record, operation=attempt.operation, status=status
+    )
+
+
+def _wake_waiters(operation: Operation) -> None:
+    """Wake the duplicates waiting for this key's outcome, if any may wait."""
+    if operation.wait_for > 0:
+        operation.store.notify_waiters(operation.scope, operation.key)
+
+
+# --- repeats -------------------------------------------------------------------------------
+
+
+def _replay(
+    operation: Operation,
+    record: IdempotencyRecord | None,
+    replay: Replay[T],
+    *,
+    from_cache: bool = False,
+) -> T:
+    assert record is not None
+    if record.status not in REPLAYABLE:
+        raise in_flight.in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+    replay_share.seen(operation.name, replayed=True)
+    if not from_cache and idempotency_settings.REPLAY_CACHE is not None:
+        replay_cache.remember(operation, record)
+    # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
+    signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
+    return replay(record)
+
+
+class ReplayShare:
+    """The share of replays among an operation's requests, in this process (READ_FIRST "auto").
+
+    An exponentially weighted mean over about the last ``1 / WEIGHT`` requests
+    of each operation. Reading first pays once replays are about a third of
+    the requests (``THRESHOLD``); below that first requests pay nothing.
+    Updated without a lock: a lost update only nudges a heuristic.
+    """
+
+    WEIGHT = 1 / 32
+    THRESHOLD = 1 / 3
+    # Operation names come from code, so they are few; a project that makes them
+    # up per request must not grow this dict without bound.
+    MAX_OPERATIONS = 1024
+
+    def __init__(self) -> None:
+        self._shares: dict[str, float] = {}
+
+    def seen(self, name: str, *, replayed: bool) -> None:
+        share = self._shares.get(name)
+        if share is None:
+            if len(self._shares) >= self.MAX_OPERATIONS:
+                self._shares = {}
+            share = 0.0
+        self._shares[name] = share + ((1.0 if replayed else 0.0) - share) * self.WEIGHT
+
+    def high(self, name: str) -> bool:
+        return self._shares.get(name, 0.0) >= self.THRESHOLD
+
+
+replay_share = ReplayShare()
+
+
+def _read_first(operation: Operation) -> IdempotencyRecord | None:
+    """Atomic mode: a final record of this very request, read before any transaction opens.
+
+    Saves a replay the claim's transaction (``BEGIN``, the claim, ``COMMIT``)
+    and costs a first request one read more; ``ReplayShare`` tells, per
+    operation, when that pays ("auto"). Only a ``SUCCEEDED`` or ``FAILED_FINAL``
+    record (they never change) whose request hash matches is answered from the
+    read; anything else takes the claim's path as without it, so the unique
+    constraint and the row lock still decide every first request and conflict.
+    """
+    policy = idempotency_settings.READ_FIRST
+    if policy == "never" or (policy == "auto" and not replay_share.high(operation.name)):
+        return None
+    record = operation.store.read_final(operation.scope, operation.key)
+    if record is None or record.request_hash != operation.request_hash:
+        return None
+    return record
