@@ -31,7 +31,7 @@ from django.utils.translation import gettext_lazy as _
 from idempotency import replay_cache
 from idempotency.admin_actions import ResolveActions
 from idempotency.admin_filters import AgeFilter, OperationFilter, StuckFilter
-from idempotency.models import IdempotencyRecord, Status
+from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.stores import records_database
 
 # Statuses a person must resolve; deleting them would invite a blind re-run.
@@ -118,6 +118,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
                 )
             },
         ),
+        # Calls to other idempotent APIs (idempotency.steps): what a later attempt reuses.
+        (_("Steps"), {"fields": ("steps_display",)}),
         (
             _("Timeline"),
             {"fields": ("created_at", "updated_at", "completed_at", "expires_at")},
@@ -206,6 +208,25 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
         content_type = _header(record.response_headers, "Content-Type")
         text = readable_body(record.response_body, content_type)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
+
+    @admin.display(description=_("steps recorded"))
+    def steps_display(self, record: IdempotencyRecord) -> str:
+        # The current request's rows only: an earlier request under a replaced record
+        # left rows its replacement deletes on its first step.
+        rows = (
+            IdempotencyStep.objects.using(record._state.db or records_database())
+            .filter(record_id=record.pk, request_started=record.created_at)
+            .exclude(step_key="")
+            .order_by("created_at", "pk")
+        )
+        lines = [
+            f"{step} {step.step_key} at {timezone.localtime(step.created_at):%Y-%m-%d %H:%M:%S}"
+            f"\n    {readable_body((step.result or '').encode())}"
+            for step in rows
+        ]
+        if not lines:
+            return gettext("none recorded")
+        return format_html('<pre class="idempotency-steps">{}</pre>', "\n".join(lines))
 
     def change_view(
         self,

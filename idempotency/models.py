@@ -129,3 +129,48 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} / {self.idem_key} ({self.status})"
+
+
+class IdempotencyStep(models.Model):
+    """A request's calls to other idempotent APIs (``idempotency.steps``): its seed, its steps.
+
+    One row per record holds the seed its step keys are derived from (``name`` is
+    empty); one more row per step whose result was recorded. Rows belong to the
+    request that wrote them, named by its record's ``created_at`` (``request_started``):
+    a new request that replaces an expired record starts again with a new seed. A
+    table of its own, so that the claim and the finish (the hot path) read and write
+    no column for it, and a record's steps go with it when it is purged (CASCADE).
+    """
+
+    # The database deletes a record's steps with it (ON DELETE CASCADE, or a trigger on
+    # SQLite: migration 0005), whichever statement deletes it: the PostgreSQL purge is
+    # one raw DELETE, and an ORM-side cascade would add a query to every discard.
+    record = models.ForeignKey(
+        IdempotencyRecord,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="steps",
+        verbose_name=_("record"),
+    )
+    request_started = models.DateTimeField(
+        _("request started"), help_text=_("The record's created_at when this row was written.")
+    )
+    name = models.CharField(_("step"), max_length=255, blank=True)
+    position = models.PositiveIntegerField(_("position"), null=True, blank=True)
+    step_key = models.CharField(_("step key"), max_length=80, blank=True)
+    seed = models.CharField(_("seed"), max_length=64, blank=True)
+    result = models.TextField(_("recorded result (JSON)"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("idempotency step")
+        verbose_name_plural = _("idempotency steps")
+        constraints = [
+            # One seed row (step_key "") and one row per step key for each record.
+            models.UniqueConstraint(fields=["record", "step_key"], name="idempotency_step_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        if not self.name:
+            return "seed"
+        return self.name if self.position is None else f"{self.name}[{self.position}]"

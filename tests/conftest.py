@@ -109,12 +109,19 @@ def unmigrated() -> Iterator[None]:
 @pytest.fixture
 def records_table_dropped() -> Iterator[None]:
     """The app's migrations recorded as applied, its table gone (dropped by hand, or faked)."""
-    from idempotency.models import IdempotencyRecord
+    from django.apps import apps
 
+    from idempotency.models import IdempotencyRecord
+    from idempotency.stores import step_cascade as steps
+
+    # The steps' foreign key (or SQLite trigger) goes first: MariaDB refuses to drop a
+    # table another one references, and it must be back with the table afterwards.
     with connection.schema_editor() as editor:
+        steps.drop_cascade(apps, editor)
         editor.delete_model(IdempotencyRecord)
     try:
         yield
     finally:
         with connection.schema_editor() as editor:
             editor.create_model(IdempotencyRecord)
+            steps.add_cascade(apps, editor)

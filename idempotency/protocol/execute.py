@@ -48,7 +48,7 @@ from idempotency.protocol.claim import (
     record_duration,
     waiters,
 )
-from idempotency.protocol.operation import Attempt, Operation
+from idempotency.protocol.operation import Attempt, Operation, running_attempt
 from idempotency.protocol.states import REPLAYABLE
 from idempotency.settings_checks import validate_settings
 from idempotency.stores.errors import is_outage
@@ -122,6 +122,14 @@ def _close_broken_connections() -> None:
             connection.close_if_unusable_or_obsolete()
 
 
+def _work(work: Work[T], attempt: Attempt) -> T:
+    token = running_attempt.set(attempt)
+    try:
+        return work(attempt)
+    finally:
+        running_attempt.reset(token)
+
+
 # --- atomic mode -------------------------------------------------------------------------
 
 
@@ -154,7 +162,7 @@ def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> t
         if attempt is None:
             return False, existing
         replay_share.seen(operation.name, replayed=False)
-        value = work(attempt)
+        value = _work(work, attempt)
         outcome = decide(value, attempt)
         if outcome is None:
             # Nothing recorded, nothing happened: the business writes go too.
@@ -238,7 +246,7 @@ def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], repl
         return _replay(operation, existing, replay)
     replay_share.seen(operation.name, replayed=False)
     try:
-        value = work(attempt)
+        value = _work(work, attempt)
         outcome = decide(value, attempt)
     except BaseException as exc:
         # The work may have had effects outside any transaction we control:

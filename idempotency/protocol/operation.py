@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord
 from idempotency.resolvers import ResolverSpec
 from idempotency.stores import Store, records_database, store_for
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,36 @@ class Attempt:
         if not self.operation.store.renew(self.record.pk, self.owner_token, lease):
             raise LeaseLost()
 
+    # Calls to other idempotent APIs (idempotency.steps, imported here: it cannot import
+    # this module back).
+
+    def step_key(self, name: str, position: int | None = None) -> str:
+        """The key for step ``name`` of this request: the same for every attempt of it."""
+        from idempotency import steps
+
+        return steps.step_key(self, name, position)
+
+    def step(
+        self,
+        name: str,
+        run: Callable[[str], T],
+        *,
+        position: int | None = None,
+        record: bool = True,
+    ) -> T:
+        """``run(step_key)``, its JSON result recorded so that a later attempt does not rerun it."""
+        from idempotency import steps
+
+        return steps.step(self, name, run, position=position, record=record)
+
 
 def lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
     length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
     return timedelta(seconds=length)
+
+
+# The attempt whose work runs in this context, for code that is not handed it
+# (``idempotency.steps.current()``): set by ``execute`` around the work. A
+# ``ContextVar``, so that it follows the work into the threads and tasks it is
+# copied to, and never leaks to another request's.
+running_attempt: ContextVar[Attempt | None] = ContextVar("idempotency_attempt", default=None)

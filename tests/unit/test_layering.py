@@ -104,7 +104,7 @@ LAYERS: list[set[str]] = [
         "idempotency.logs",
         "idempotency.tracing",
     },
-    _folder("protocol"),
+    _folder("protocol") | {"idempotency.steps"},
     {"idempotency.recovery", "idempotency.retention"},
     _folder("contrib")
     | _folder("management")
