@@ -79,6 +79,24 @@ def refuse_shadowing(view: type) -> None:
             )
 
 
+def _keep_view_description(view: type) -> None:
+    """Keep the mixins' docstrings out of ``view``'s API description.
+
+    Schema generators (drf-spectacular) describe an operation by the first
+    docstring in the view's MRO short of DRF's own classes: a view without one
+    would be described by ours. It gets the docstring it would have had without
+    the mixins, or a blank one (an empty string would be passed over).
+    """
+    if view.__doc__ is not None:
+        return
+    inherited = (
+        base.__doc__
+        for base in view.__mro__[1:]
+        if base.__doc__ and not base.__module__.startswith((__name__, "rest_framework."))
+    )
+    view.__doc__ = next(inherited, " ")
+
+
 # Each overridable hook, by the option it stands for.
 _HOOKS = {
     "key": "get_idempotency_key",
@@ -89,13 +107,14 @@ _HOOKS = {
 _OPERATIONS_PER_VIEW = 64
 
 
-# The view mixins carry comments, not docstrings: schema generators (drf-spectacular)
-# describe an operation by the first docstring in its view's MRO, which would be ours.
-#
-# Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
-# Each ``get_idempotency_*`` hook can be overridden on a view; each class attribute
-# left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
 class IdempotentMixin:
+    """Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
+
+    Each ``get_idempotency_*`` hook can be overridden on a view; each
+    ``idempotency_<option>`` class attribute left at ``None`` falls back to the
+    ``IDEMPOTENCY`` setting (docs/drf.md).
+    """
+
     # The options (idempotency.options) that APPLIES gives the mixin, as class
     # attributes ``idempotency_<option>``: set below, validated per subclass.
     # Operation names ``idempotency_resolver`` is registered under for recovery.
@@ -112,6 +131,7 @@ class IdempotentMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         refuse_shadowing(cls)
+        _keep_view_description(cls)
         options = options_from_attributes("IdempotentMixin", cls)
         cls._idempotency_hooks = tuple(
             option
@@ -197,8 +217,14 @@ for _name in APPLIES["IdempotentMixin"]:
     setattr(IdempotentMixin, ATTRIBUTE_PREFIX + _name, getattr(IdempotencyOptions(), _name))
 
 
-# Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
 class IdempotentCreateMixin(IdempotentMixin):
+    """Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
+
+    ``class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet)``: a POST
+    with an ``Idempotency-Key`` creates once, and every repeat gets the first
+    response with ``Idempotent-Replayed: true`` (docs/drf.md).
+    """
+
     idempotency_resolved_actions = ("create", "post")
     _idempotency_methods = ("create", "handle_exception")
 

@@ -22,6 +22,8 @@ if apps.apps_ready and not apps.is_installed("idempotency"):
 
 
 class Status(models.TextChoices):
+    """A record's state; the moves between them are ``idempotency.protocol.states.MOVES``."""
+
     PROCESSING = "PROCESSING", _("Processing")
     SUCCEEDED = "SUCCEEDED", _("Succeeded")
     FAILED_RETRYABLE = "FAILED_RETRYABLE", _("Failed (retryable)")

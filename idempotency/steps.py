@@ -33,6 +33,7 @@ import hmac
 import json
 import secrets
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -42,7 +43,6 @@ from django.db.models import F
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
-from idempotency.protocol.operation import running_attempt
 
 __all__ = [
     "KEY_PREFIX",
@@ -107,6 +107,13 @@ class NotInAttempt(RuntimeError):
 
 class StepNotRecorded(ValueError):
     """A step's result that cannot be recorded: not JSON, or larger than the limit."""
+
+
+# The attempt whose work runs in this context, for code that is not handed it
+# (``idempotency.steps.current()``): set by ``execute`` around the work. A
+# ``ContextVar``, so that it follows the work into the threads and tasks it is
+# copied to, and never leaks to another request's.
+running_attempt: ContextVar[AttemptLike | None] = ContextVar("idempotency_attempt", default=None)
 
 
 def current() -> AttemptLike:

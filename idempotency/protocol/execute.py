@@ -48,9 +48,10 @@ from idempotency.protocol.claim import (
     record_duration,
     waiters,
 )
-from idempotency.protocol.operation import Attempt, Operation, running_attempt
+from idempotency.protocol.operation import Attempt, Operation
 from idempotency.protocol.states import REPLAYABLE
 from idempotency.settings_checks import validate_settings
+from idempotency.steps import running_attempt
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -171,10 +170,3 @@ class Attempt:
 def lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
     length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
     return timedelta(seconds=length)
-
-
-# The attempt whose work runs in this context, for code that is not handed it
-# (``idempotency.steps.current()``): set by ``execute`` around the work. A
-# ``ContextVar``, so that it follows the work into the threads and tasks it is
-# copied to, and never leaks to another request's.
-running_attempt: ContextVar[Attempt | None] = ContextVar("idempotency_attempt", default=None)
