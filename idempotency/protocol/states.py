@@ -4,10 +4,11 @@ moves made outside an attempt (recovery's and an operator's).
 A move names who makes it (a request claiming the key, the attempt that owns the
 record, recovery, an operator, the purge), the states it leaves and reaches, and the
 guard the database enforces for it. ``ABSENT`` stands for "no row": a claim creates
-the row, a discard or a purge deletes it. Nothing moves a record but these moves. The
-request's moves are run by the store's method of the same name (``Store.finish`` is
-the finish); recovery and operators move a record with ``transition``, ``postpone``
-and ``recover`` below, which refuse what the table does not allow.
+the row, a discard or a purge deletes it. Nothing moves a record but these moves, and
+each names (``runs``) the one place its write is: a request's moves are the claim's and
+the store's (``Store.finish`` is the finish); recovery's and operators' are
+``recover``, ``postpone`` and ``transition`` below, which refuse what the table does
+not allow.
 ``docs/concepts.md`` draws this table and ``model/protocol.pml`` model-checks it;
 tests compare both with it.
 
@@ -56,22 +57,37 @@ class Move:
     sources: frozenset[str]
     targets: frozenset[str]
     guard: str
+    # What makes the move: the one place its write is (a dotted path).
+    runs: str
 
 
-def _move(name: str, actor: str, sources: set[str], targets: set[str], guard: str) -> Move:
-    return Move(name, actor, frozenset(sources), frozenset(targets), guard)
+def _move(
+    name: str, actor: str, sources: set[str], targets: set[str], guard: str, runs: str
+) -> Move:
+    return Move(name, actor, frozenset(sources), frozenset(targets), guard, runs)
+
+
+_STORE = "idempotency.stores.base.Store."
 
 
 MOVES: dict[str, Move] = {
     move.name: move
     for move in (
-        _move("claim", "request", {ABSENT}, {PROCESSING}, "the unique (scope, idem_key) index"),
+        _move(
+            "claim",
+            "request",
+            {ABSENT},
+            {PROCESSING},
+            "the unique (scope, idem_key) index",
+            "idempotency.protocol.claim.claim",
+        ),
         _move(
             "retry",
             "request",
             {FAILED_RETRYABLE},
             {PROCESSING},
             "row lock; same request hash; a new owner token",
+            _STORE + "reclaim",
         ),
         _move(
             "replace",
@@ -79,17 +95,47 @@ MOVES: dict[str, Move] = {
             set(PURGEABLE),
             {PROCESSING},
             "row lock; expires_at passed (by the database's clock); a new owner token",
+            _STORE + "reclaim",
         ),
-        _move("renew", "owner", {PROCESSING}, {PROCESSING}, "owner token (lease mode)"),
-        _move("finish", "owner", {PROCESSING}, {SUCCEEDED, FAILED_FINAL}, "owner token"),
-        _move("release", "owner", {PROCESSING}, {FAILED_RETRYABLE}, "owner token (lease mode)"),
-        _move("discard", "owner", {PROCESSING}, {ABSENT}, "owner token (lease mode)"),
+        _move(
+            "renew",
+            "owner",
+            {PROCESSING},
+            {PROCESSING},
+            "owner token (lease mode)",
+            _STORE + "renew",
+        ),
+        _move(
+            "finish",
+            "owner",
+            {PROCESSING},
+            {SUCCEEDED, FAILED_FINAL},
+            "owner token",
+            _STORE + "finish",
+        ),
+        _move(
+            "release",
+            "owner",
+            {PROCESSING},
+            {FAILED_RETRYABLE},
+            "owner token (lease mode)",
+            _STORE + "release",
+        ),
+        _move(
+            "discard",
+            "owner",
+            {PROCESSING},
+            {ABSENT},
+            "owner token (lease mode)",
+            _STORE + "discard",
+        ),
         _move(
             "recover",
             "recovery",
             {PROCESSING},
             {SUCCEEDED, FAILED_RETRYABLE, NEEDS_REVIEW},
             "row lock; lease expired; version; a new owner token fences the old owner",
+            "idempotency.protocol.states.recover",
         ),
         _move(
             "postpone",
@@ -97,6 +143,7 @@ MOVES: dict[str, Move] = {
             {PROCESSING},
             {PROCESSING},
             "row lock; lease expired; version; the owner token is kept",
+            "idempotency.protocol.states.postpone",
         ),
         _move(
             "resolve",
@@ -104,8 +151,16 @@ MOVES: dict[str, Move] = {
             {PROCESSING, NEEDS_REVIEW},
             {SUCCEEDED, FAILED_RETRYABLE, FAILED_FINAL},
             "version; a PROCESSING record only once its lease expired; a new owner token",
+            "idempotency.protocol.states.transition",
         ),
-        _move("purge", "purge", set(PURGEABLE), {ABSENT}, "expires_at passed; skips locked rows"),
+        _move(
+            "purge",
+            "purge",
+            set(PURGEABLE),
+            {ABSENT},
+            "expires_at passed; skips locked rows",
+            "idempotency.retention.purge",
+        ),
     )
 }
 

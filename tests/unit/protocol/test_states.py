@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.utils.module_loading import import_string
 
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
@@ -196,3 +199,31 @@ class TestGuards:
             transition(second, Status.FAILED_FINAL)
         assert state(record)["status"] == Status.SUCCEEDED
         assert state(record)["resource_id"] == "1"
+
+
+def test_the_docs_state_diagram_is_the_table():
+    # docs/concepts.md draws each move as arrows labelled "<move>, <why>".
+    text = (Path(__file__).resolve().parents[3] / "docs" / "concepts.md").read_text()
+    diagram = text[text.index("stateDiagram-v2") : text.index("```", text.index("stateDiagram-v2"))]
+    arrow = re.compile(r"^\s*(\[\*\]|\w+) --> (\[\*\]|\w+): (\w+),", re.MULTILINE)
+    drawn = {
+        (move, ABSENT if source == "[*]" else source, ABSENT if target == "[*]" else target)
+        for source, target, move in arrow.findall(diagram)
+    }
+    table = {
+        (name, source, target)
+        for name, move in MOVES.items()
+        for source in move.sources
+        for target in move.targets
+    }
+    assert drawn == table
+
+
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_each_move_names_the_code_that_makes_it(name):
+    module_path, _, attribute_path = MOVES[name].runs.partition(".Store.")
+    if attribute_path:  # a store method: the interface every store implements
+        owner = import_string(f"{module_path}.Store")
+        assert callable(getattr(owner, attribute_path))
+    else:
+        assert callable(import_string(MOVES[name].runs))
