@@ -1,6 +1,6 @@
 """Signals for metrics and logs. Each is sent with ``sender=IdempotencyRecord``.
 
-``operation`` is the ``core.Operation`` being run (``.scope``, ``.key``, ``.name``)
+``operation`` is the ``idempotency.Operation`` being run (``.scope``, ``.key``, ``.name``)
 for the protocol's signals, and the operation's name (``str``) for recovery.
 In atomic mode the protocol's signals are sent inside the request's transaction:
 a receiver must be quick and must not raise (an exception reaches the caller).

@@ -173,13 +173,13 @@ class Store(ABC):
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
 
-        Runs inside a transaction (``core`` opens it). The unique constraint on
+        Runs inside a transaction (the protocol opens it). The unique constraint on
         (scope, idem_key) is the arbiter: of concurrent inserts exactly one
         lands; the others wait for it (as bounded by ``bounded_lock_wait``) and
         lock the winner's row. Returns that row, locked until the transaction
         ends and annotated with ``lease_remaining`` (see ``lock``), or
         ``None`` when it vanished between the insert and the lock (purged:
-        ``core`` may try again).
+        the protocol may try again).
         """
 
     @abstractmethod
@@ -266,9 +266,9 @@ class Store(ABC):
         """Return once (scope, key)'s record may no longer be in flight, or after ``seconds``.
 
         In flight means ``PROCESSING`` with a live lease. Called outside any
-        transaction (``core`` never waits inside one); it opens none and holds
+        transaction (the protocol never waits inside one); it opens none and holds
         no lock while it waits, and never loops faster than a bounded poll.
-        Returning early is harmless: ``core`` claims again and waits again if
+        Returning early is harmless: the protocol claims again and waits again if
         the attempt still runs.
         """
 
