@@ -25,9 +25,11 @@ Mode = Literal["atomic", "lease"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
 # What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
 # row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
-# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
-InFlight = Literal["wait", "conflict"]
-IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
+# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD) or, in
+# atomic mode only, "run" (it runs its own attempt; the record is written once, at the
+# end of the transaction, and the first to commit is the outcome every other answers).
+InFlight = Literal["wait", "conflict", "run"]
+IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict", "run")
 
 DEFAULTS: dict[str, Any] = {
     "HEADER": "Idempotency-Key",

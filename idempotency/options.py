@@ -102,10 +102,19 @@ class IdempotencyOptions:
                 "error_format should be 'problem', 'drf', a callable (request, error, status) "
                 f"-> response or its dotted path, not {self.error_format!r}."
             )
+        if self.in_flight == "run" and self.mode == "lease":
+            raise ValueError(RUN_IN_LEASE_MODE)
         if self.in_flight == "conflict" and self.wait_seconds:
             raise ValueError(
                 "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
             )
+
+
+RUN_IN_LEASE_MODE = (
+    "in_flight='run' lets duplicates run their work before one is recorded, which only "
+    "atomic mode can take back (the losers' writes roll back): give lease mode "
+    "in_flight='wait' or 'conflict'."
+)
 
 
 def _error_format_shape(value: object) -> bool:

@@ -324,6 +324,18 @@ def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     )
 
 
+def _run_in_lease_mode(user: dict[str, Any]) -> list[CheckMessage]:
+    if user.get("IN_FLIGHT") != "run" or user.get("MODE", DEFAULTS["MODE"]) != "lease":
+        return []
+    return _error(
+        "IDEMPOTENCY['IN_FLIGHT'] = 'run' should not be the default of lease mode: it lets "
+        "duplicates run their work before one is recorded, which only atomic mode takes back.",
+        hint="Use 'wait' or 'conflict' with MODE 'lease', or give 'run' only to atomic views "
+        "(in_flight='run').",
+        id="idempotency.E040",
+    )
+
+
 def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
     alias = user.get("REPLAY_CACHE")
     if alias is None or (isinstance(alias, str) and alias in settings.CACHES):
@@ -409,6 +421,7 @@ CHECKS: list[Check] = [
     _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
     _choice("IN_FLIGHT", IN_FLIGHT, "idempotency.E032"),
+    _run_in_lease_mode,
     _drf_error_format,
     _replay_cache,
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),

@@ -101,7 +101,7 @@ def _settle(operation: Operation, record: IdempotencyRecord, token: str) -> Clai
         return _claimed(operation, record, token), None
     if _expired(record):
         # Its window has passed: the key is new, whatever the old request was ("replace").
-        replaced = _reclaim(operation, record, token, _candidate(operation, token))
+        replaced = _reclaim(operation, record, token, candidate_of(operation, token))
         return _claimed(operation, replaced, token, replaced=True), None
     if record.request_hash != operation.request_hash:
         signals.key_reused.send(IdempotencyRecord, record=record, operation=operation)
@@ -148,7 +148,7 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     lease = operation.lease
     with ContentionAnswered(operation):
         record = operation.store.claim(
-            _candidate(operation, token),
+            candidate_of(operation, token),
             lease=lease,
             lock_timeout=operation.lock_wait,
             # Atomic mode: the record starts with a success's expiry (its finish is then in place).
@@ -163,7 +163,7 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     return None
 
 
-def _candidate(operation: Operation, token: str) -> Candidate:
+def candidate_of(operation: Operation, token: str) -> Candidate:
     return Candidate(
         scope=operation.scope,
         idem_key=operation.key,
@@ -176,7 +176,7 @@ def _candidate(operation: Operation, token: str) -> Candidate:
 
 
 def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
-    candidate = _candidate(operation, token)
+    candidate = candidate_of(operation, token)
     for _ in range(3):
         record = operation.store.insert_or_lock(candidate)
         if record is not None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -32,6 +34,7 @@ from idempotency.exceptions import (
     CrossDatabaseWrite,
     DatabaseUnavailable,
     IdempotencyError,
+    KeyReused,
     LeaseLost,
 )
 from idempotency.models import IdempotencyRecord, Status
@@ -40,8 +43,10 @@ from idempotency.protocol.claim import (
     CLAIM_RETRIES,
     Claimed,
     ClaimGivenUp,
+    ContentionAnswered,
     InFlightHere,
     busy,
+    candidate_of,
     claim,
     claim_committed,
     in_use,
@@ -52,6 +57,7 @@ from idempotency.protocol.operation import Attempt, Operation
 from idempotency.protocol.states import REPLAYABLE
 from idempotency.settings_checks import validate_settings
 from idempotency.steps import running_attempt
+from idempotency.stores import Candidate
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
 
@@ -84,6 +90,8 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
         final = _read_first(operation)
         if final is not None:
             return _replay(operation, final, replay)
+        if operation.writes_once:
+            return _execute_written_once(operation, work, decide, replay)
         return _execute_atomic(operation, work, decide, replay)
     except DjangoDatabaseError as exc:  # InterfaceError too, which is no DatabaseError
         if isinstance(exc, IdempotencyError):
@@ -171,6 +179,70 @@ def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> t
         else:
             _finish(attempt, outcome)
         return True, value
+
+
+# --- atomic mode, the record written once ---------------------------------------------------
+
+
+def _execute_written_once(
+    operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]
+) -> T:
+    """IN_FLIGHT "run": the work first, then its finished record inserted, in one transaction.
+
+    The unique index decides as it does for a claim: a concurrent duplicate's
+    insert waits on the first's uncommitted entry and, once the first commits,
+    fails; its transaction (its work's writes with it) rolls back and it answers
+    with the first's outcome. If the first rolls back, the duplicate's insert
+    lands. A key held by a record that is not a live outcome (in flight in another
+    mode, retryable, expired) takes the claim's path, which decides those.
+    """
+    token = secrets.token_hex(16)
+    new = candidate_of(operation, token)
+    attempt = Attempt(operation=operation, record=operation.store.unsaved(new), owner_token=token)
+    database = operation.database
+    with (
+        transaction.atomic(using=database),
+        operation.store.statements(),
+        writes_only_to(database),
+    ):
+        replay_share.seen(operation.name, replayed=False)
+        value = _work(work, attempt)
+        outcome = decide(value, attempt)
+        if outcome is None:
+            transaction.set_rollback(True, using=database)  # nothing recorded, nothing happened
+            return value
+        if _insert_finished(attempt, new, outcome):
+            return value
+        transaction.set_rollback(True, using=database)  # another attempt's outcome holds the key
+    held = operation.store.read_final(operation.scope, operation.key)
+    if held is None:
+        return _execute_atomic(operation, work, decide, replay)
+    if held.request_hash != operation.request_hash:
+        signals.key_reused.send(IdempotencyRecord, record=held, operation=operation)
+        raise KeyReused()
+    return _replay(operation, held, replay)
+
+
+def _insert_finished(attempt: Attempt, new: Candidate, outcome: Outcome) -> bool:
+    """The "claim" and the "finish" in one insert: whether it landed."""
+    operation = attempt.operation
+    values = _outcome_values(attempt, outcome)
+    window = retention_for(operation.name, outcome.status)
+    try:
+        with ContentionAnswered(operation):
+            record = operation.store.insert_finished(
+                new, values, window, lock_timeout=operation.lock_wait
+            )
+    except ClaimGivenUp:
+        return False  # a deadlock's victim: what holds the key is read afterwards
+    if record is None:
+        return False
+    attempt.record = record
+    signals.record_claimed.send(
+        IdempotencyRecord, record=record, operation=operation, reclaimed=False, replaced=False
+    )
+    _recorded(attempt, outcome, values, window)
+    return True
 
 
 # --- an atomic attempt writes to one database ---------------------------------------------
@@ -307,17 +379,30 @@ def _claim_committed(operation: Operation) -> Claimed:
 
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
     """Store the outcome ("finish"), fenced by the owner token: a lost lease stores nothing."""
-    operation, response = attempt.operation, outcome.response
-    values: dict[str, Any] = {
+    operation = attempt.operation
+    values = _outcome_values(attempt, outcome)
+    window = retention_for(operation.name, outcome.status)
+    if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
+        raise LeaseLost()
+    _recorded(attempt, outcome, values, window)
+
+
+def _outcome_values(attempt: Attempt, outcome: Outcome) -> dict[str, Any]:
+    response = outcome.response
+    return {
         "status": str(outcome.status),
         "response_status": response.status if response else None,
         "response_headers": [list(pair) for pair in response.headers] if response else [],
         "response_body": response.body if response else None,
         "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
     }
-    window = retention_for(operation.name, outcome.status)
-    if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
-        raise LeaseLost()
+
+
+def _recorded(
+    attempt: Attempt, outcome: Outcome, values: dict[str, Any], window: timedelta | None
+) -> None:
+    """What follows an outcome stored: the replay cache, durations, waiters, the signal."""
+    operation = attempt.operation
     if idempotency_settings.REPLAY_CACHE is not None:
         replay_cache.remember_outcome(
             operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started

@@ -54,6 +54,9 @@ class Operation:
     store: Store = field(init=False, repr=False, compare=False)
     lease: timedelta | None = field(init=False, repr=False, compare=False)
     lock_wait: float = field(init=False, repr=False, compare=False)
+    # Atomic mode with IN_FLIGHT "run": the finished record is inserted once, at the end
+    # of the work's transaction, instead of claimed first and finished.
+    writes_once: bool = field(init=False, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -88,6 +91,14 @@ class Operation:
         lease = lease_length(self) if self.mode == "lease" else None
         object.__setattr__(self, "lease", lease)
         object.__setattr__(self, "lock_wait", self._lock_wait())
+        if self.in_flight == "run" and self.mode == "lease":
+            raise ValueError(
+                "in_flight='run' lets duplicates run their work before one is recorded, "
+                "which only atomic mode takes back: give lease mode 'wait' or 'conflict'."
+            )
+        # IN_FLIGHT "run" set project-wide leaves a lease-mode view waiting ("wait").
+        chosen = self.in_flight or idempotency_settings.IN_FLIGHT
+        object.__setattr__(self, "writes_once", self.mode == "atomic" and chosen == "run")
 
     def _lock_wait(self) -> float:
         if self.conflict_at_once:

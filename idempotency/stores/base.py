@@ -236,6 +236,29 @@ class Store(ABC):
     # The owner's writes (fenced by ``token``)
 
     @abstractmethod
+    def unsaved(self, candidate: Candidate) -> IdempotencyRecord:
+        """``candidate``'s record, unsaved: what an attempt holds before its record is written."""
+
+    @abstractmethod
+    def insert_finished(
+        self,
+        candidate: Candidate,
+        values: dict[str, Any],
+        expires_in: timedelta | None,
+        *,
+        lock_timeout: float,
+    ) -> IdempotencyRecord | None:
+        """Insert ``candidate``'s record already finished (``values``, as ``finish`` takes them).
+
+        The record written once, at the end of an atomic attempt's transaction
+        (``IN_FLIGHT = "run"``). The insert waits at most ``lock_timeout`` seconds on
+        a concurrent uncommitted insert of the same key (a "busy" error past it):
+        the record, or ``None`` when a committed record holds the key (the caller
+        rolls its transaction back). Its ``completed_at`` and ``expires_at`` are the
+        database's clock and are not read back.
+        """
+
+    @abstractmethod
     def renew(self, pk: int, token: str, lease: timedelta) -> bool:
         """Set the lease to end ``lease`` from now, by the database clock."""
 

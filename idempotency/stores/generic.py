@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, IntegrityError
 from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 
@@ -130,6 +130,28 @@ class GenericStore(Store):
                 version=F("version") + 1,
             )
         )
+
+    def insert_finished(
+        self,
+        candidate: Candidate,
+        values: dict[str, Any],
+        expires_in: timedelta | None,
+        *,
+        lock_timeout: float,
+    ) -> IdempotencyRecord | None:
+        record = self.unsaved(candidate)
+        for name, value in values.items():
+            setattr(record, name, value)
+        record.completed_at, record.expires_at = Now(), _expiry(expires_in)
+        with self.bounded_lock_wait(lock_timeout):
+            try:
+                record.save(using=self.alias, force_insert=True)
+            except IntegrityError:
+                # The unique index: a committed record holds the key. (A database whose
+                # failed statement aborts the transaction has a store of its own.)
+                return None
+        record.completed_at = record.expires_at = None  # the database's clock: not read back
+        return record
 
     def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
         return bool(

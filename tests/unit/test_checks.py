@@ -74,6 +74,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E030", {"MAX_BODY_DEPTH": "100"}),
     ("idempotency.E032", {"IN_FLIGHT": "409"}),
     ("idempotency.E032", {"IN_FLIGHT": True}),
+    ("idempotency.E040", {"IN_FLIGHT": "run", "MODE": "lease"}),
     ("idempotency.E033", {"TRANSACTION_POOLING": "transaction"}),
     ("idempotency.E034", {"READ_FIRST": True}),
     ("idempotency.E034", {"READ_FIRST": "sometimes"}),
