@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.processes import process_env, python, start, stop
+from tests.support.processes import process_env, python, start, stop
 
 BROKER = os.environ.get("IDEMPOTENCY_TEST_BROKER", "redis://127.0.0.1:6379/9")
 
@@ -55,7 +55,7 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             "-m",
             "celery",
             "-A",
-            "tests.celery_app",
+            "tests.support.celery_app",
             "worker",
             "--pool=solo",
             "--without-gossip",

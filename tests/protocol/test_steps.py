@@ -28,9 +28,9 @@ from idempotency.recovery import recover_expired
 from idempotency.resolvers import Resolution, register
 from idempotency.retention import purge
 from idempotency.steps import NotInAttempt, StepNotRecorded, current, derive, key_for_record
-from tests import step_work, step_worker
-from tests.fake_provider import FakeProvider
-from tests.processes import process_env, python, start, stop
+from tests.support import step_work, step_worker
+from tests.support.fake_provider import FakeProvider
+from tests.support.processes import process_env, python, start, stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -306,7 +306,7 @@ class TestKilledWorker:
 
     def kill_after_charge(self, provider: FakeProvider, order: str, *, recorded: bool) -> None:
         mode = "recorded" if recorded else "keyed"
-        command = python("-m", "tests.step_worker", provider.url, order, "500", mode)
+        command = python("-m", "tests.support.step_worker", provider.url, order, "500", mode)
         process = start(command, process_env())
         try:
             assert process.stdout is not None

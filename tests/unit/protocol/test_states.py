@@ -16,7 +16,7 @@ from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import StoredResponse
 from idempotency.protocol.states import ABSENT, MOVES, STATES, can_transition, transition
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -34,7 +34,7 @@ from idempotency.protocol.execute import execute
 from idempotency.retention import batch
 from idempotency.stores import Candidate, GenericStore, Store, records_database, store_for
 from idempotency.stores.postgres import PostgresStore
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 PACKAGE = Path(idempotency.__file__).resolve().parent
 HASH = fingerprint(["POST", "/things/", "{}"])
