@@ -134,9 +134,10 @@ def _measure(
 
 
 def _creates(count: int) -> None:
-    from idempotency.core import Operation, execute
     from idempotency.models import Status
     from idempotency.outcomes import Outcome, StoredResponse
+    from idempotency.protocol import Operation
+    from idempotency.protocol.execute import execute
 
     body = b'{"id": 1, "sku": "bench", "quantity": 1, "status": "PENDING"}'
     response = StoredResponse(201, [("Content-Type", "application/json")], body)
