@@ -68,7 +68,7 @@ from idempotency import (
     purge,
     recover_expired,
 )
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 # On the server databases only: the races, the killed connections and the database's
