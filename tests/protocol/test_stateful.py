@@ -1,6 +1,6 @@
 """The record protocol against the real tables: a Hypothesis state machine.
 
-Rules interleave, on a few keys of each mode (atomic and lease): duplicates of one
+Rules interleave, on a few keys of each mode (atomic, atomic with the record written once, and lease): duplicates of one
 request from several threads at once, each on its own connection; an attempt whose
 database connection the server kills in the middle (``pg_terminate_backend``, MariaDB's
 ``KILL CONNECTION``) or whose work crashes after its effect; a lease taken over while
@@ -76,8 +76,9 @@ from tests.testapp.models import Order
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 ATOMIC, LEASE = "tests.stateful.atomic", "tests.stateful.lease"
-# Two keys per mode: enough for one key's steps to run beside another's.
-KEYS = ("a0", "a1", "l0", "l1")
+# Two keys per mode, enough for one key's steps to run beside another's, and one atomic
+# key whose record is written once, at the end of its transaction (IN_FLIGHT "run").
+KEYS = ("a0", "a1", "w0", "l0", "l1")
 # Purge takes only what these say has expired, and the test moves that by hand.
 FINISHED = (Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE)
 JOIN_TIMEOUT = 30.0
@@ -105,7 +106,11 @@ class WorkerKilled(BaseException):
 
 
 def mode_of(key: str) -> str:
-    return "atomic" if key.startswith("a") else "lease"
+    return "lease" if key.startswith("l") else "atomic"
+
+
+def in_flight_of(key: str) -> str | None:
+    return "run" if key.startswith("w") else None
 
 
 def operation_of(key: str) -> str:
@@ -173,6 +178,7 @@ def call(key: str, quantity: int, hook: Hook = no_hook, *, once: bool = False) -
         request_hash=request_hash,
         name=operation_of(key),
         mode=mode_of(key),  # type: ignore[arg-type]
+        in_flight=in_flight_of(key),  # type: ignore[arg-type]
     )
 
     def work(attempt: Any) -> dict[str, int]:
