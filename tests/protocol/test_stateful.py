@@ -1,14 +1,14 @@
 """The record protocol against the real tables: a Hypothesis state machine.
 
-Rules interleave, on a few keys of each mode (atomic, atomic with the record written once, and lease): duplicates of one
-request from several threads at once, each on its own connection; an attempt whose
-database connection the server kills in the middle (``pg_terminate_backend``, MariaDB's
-``KILL CONNECTION``) or whose work crashes after its effect; a lease taken over while
-its owner still runs, and the stale owner's late renewal or finish; lease and retention
-expiry, by moving ``lease_until``/``expires_at`` into the past with an ``UPDATE`` (the
-library reads the database's clock); recovery and purge passes; retries, and the same
-key with another payload. After every step the business rows are held against the
-records (see ``StatefulProtocol``'s invariants).
+Rules interleave, on a few keys of each mode (atomic, atomic with the record written
+once, and lease): duplicates of one request from several threads at once, each on its
+own connection; an attempt whose database connection the server kills in the middle
+(``pg_terminate_backend``, MariaDB's ``KILL CONNECTION``) or whose work crashes after
+its effect; a lease taken over while its owner still runs, and the stale owner's late
+renewal or finish; lease and retention expiry, by moving ``lease_until``/``expires_at``
+into the past with an ``UPDATE`` (the library reads the database's clock); recovery and
+purge passes; retries, and the same key with another payload. After every step the
+business rows are held against the records (see ``StatefulProtocol``'s invariants).
 
 The business effect is an ``Order`` row whose ``sku`` names the key. A key's window
 ends when its finished record's ``expires_at`` passes: from then on a request under it
