@@ -19,7 +19,7 @@ from idempotency.models import IdempotencyRecord
 from idempotency.progress import Progress
 from idempotency.recovery import expired_batch
 from idempotency.retention import batch, purge, purgeable
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 from tests.unit.test_retention import exists, expired, force_expired
 
 pytestmark = pytest.mark.django_db

@@ -18,15 +18,17 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idempotency import signals
-from idempotency.core import Operation, execute
+from idempotency.conf import retention_for
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.progress import Meter, Progress
-from idempotency.retention import BatchSizer, _delete_in_batches, purge, purgeable, retention_for
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
+from idempotency.retention import BatchSizer, _delete_in_batches, purge, purgeable
 from idempotency.stores import store_for
 from idempotency.stores.base import Purged
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 
