@@ -100,8 +100,10 @@ def captured_statements(key: str) -> tuple[str, str, str]:
     from django.test.utils import CaptureQueriesContext
 
     from example_project.shop.models import Order
-    from idempotency.core import Operation, Outcome, StoredResponse, execute
     from idempotency.models import IdempotencyRecord, Status
+    from idempotency.outcomes import Outcome, StoredResponse
+    from idempotency.protocol import Operation
+    from idempotency.protocol.execute import execute
 
     user = get_user_model().objects.get(username=USER)
     operation = Operation(

@@ -103,7 +103,7 @@ def _index_definitions() -> dict[str, str]:
 def _measure(
     configuration: Configuration, definitions: dict[str, str], records: int, creates: int
 ) -> Measured:
-    bulk.execute(f"TRUNCATE {TABLE}")
+    bulk.execute(f"TRUNCATE {TABLE} CASCADE")  # its steps reference it
     for name, definition in definitions.items():
         bulk.execute(f'DROP INDEX IF EXISTS "{name}"')
         if not configuration.drop_touched:
@@ -134,9 +134,10 @@ def _measure(
 
 
 def _creates(count: int) -> None:
-    from idempotency.core import Operation, execute
     from idempotency.models import Status
     from idempotency.outcomes import Outcome, StoredResponse
+    from idempotency.protocol import Operation
+    from idempotency.protocol.execute import execute
 
     body = b'{"id": 1, "sku": "bench", "quantity": 1, "status": "PENDING"}'
     response = StoredResponse(201, [("Content-Type", "application/json")], body)

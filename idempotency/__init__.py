@@ -21,7 +21,6 @@ from idempotency.progress import Progress
 
 if TYPE_CHECKING:
     from idempotency.celery import IdempotentTask as IdempotentTask  # not in __all__
-    from idempotency.core import Attempt, Operation, execute
     from idempotency.decorators import idempotent
     from idempotency.drf import (
         IdempotencyAPIException,
@@ -34,8 +33,16 @@ if TYPE_CHECKING:
     from idempotency.models import IdempotencyRecord, Status
     from idempotency.options import IdempotencyOptions
     from idempotency.outcomes import Outcome, StoredResponse
-    from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
-    from idempotency.resolution import ResolutionReport, mark_records, run_resolvers
+    from idempotency.protocol import Attempt, Operation
+    from idempotency.protocol.execute import execute
+    from idempotency.recovery import (
+        RecoveryReport,
+        ResolutionReport,
+        mark_records,
+        recover_expired,
+        resolve_record,
+        run_resolvers,
+    )
     from idempotency.resolvers import Resolution, Resolver
     from idempotency.retention import purge
 
@@ -43,11 +50,11 @@ if TYPE_CHECKING:
 # it loads on first use: ``import idempotency`` must work while Django is still
 # populating the app registry.
 _LAZY = {
-    "Attempt": "idempotency.core",
-    "Operation": "idempotency.core",
+    "Attempt": "idempotency.protocol",
+    "Operation": "idempotency.protocol",
     "Outcome": "idempotency.outcomes",
     "StoredResponse": "idempotency.outcomes",
-    "execute": "idempotency.core",
+    "execute": "idempotency.protocol.execute",
     "idempotent": "idempotency.decorators",
     "idempotent_function": "idempotency.functions",
     "IdempotencyAPIException": "idempotency.drf",
@@ -62,9 +69,9 @@ _LAZY = {
     "RecoveryReport": "idempotency.recovery",
     "recover_expired": "idempotency.recovery",
     "resolve_record": "idempotency.recovery",
-    "ResolutionReport": "idempotency.resolution",
-    "mark_records": "idempotency.resolution",
-    "run_resolvers": "idempotency.resolution",
+    "ResolutionReport": "idempotency.recovery",
+    "mark_records": "idempotency.recovery",
+    "run_resolvers": "idempotency.recovery",
     "Resolution": "idempotency.resolvers",
     "Resolver": "idempotency.resolvers",
     "purge": "idempotency.retention",

@@ -1,9 +1,9 @@
 """The operators' screen: find stuck records and resolve them through the state machine.
 
 Records are evidence, so nothing here edits a field: every change is an action
-that calls ``transitions.transition`` (optimistic and fenced, like the protocol)
-or the operation's resolver, is refused with the reason when the state machine
-forbids it, and is written to the admin log. Actions need the
+that makes a move of the record's state machine (``idempotency.protocol.states``,
+optimistic and fenced) or asks the operation's resolver, is refused with the reason
+when the state machine forbids it, and is written to the admin log. Actions need the
 ``idempotency.resolve_idempotencyrecord`` permission; viewing needs the view
 (or change) permission. Deleting is left to Django's delete permission, and only
 for records that are settled: a ``PROCESSING`` or ``NEEDS_REVIEW`` record must be
@@ -13,27 +13,311 @@ resolved, never deleted (its first run may have had its effect).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
-from django.db.models import QuerySet
+from django.db.models import DurationField, QuerySet, Value
+from django.db.models.functions import Now
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
-from django.utils.translation import gettext
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from idempotency import replay_cache
-from idempotency.admin_actions import ResolveActions
-from idempotency.admin_filters import AgeFilter, OperationFilter, StuckFilter
-from idempotency.models import IdempotencyRecord, Status
+from idempotency import recovery, replay_cache
+from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.stores import records_database
 
+# --- the resolution form ----------------------------------------------------------------
+
+
+class ResourceIdsForm(forms.Form):
+    """One optional resource id per selected record; blank keeps what is stored."""
+
+    def __init__(self, *args: Any, records: Sequence[IdempotencyRecord], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.records = list(records)
+        for record in self.records:
+            self.fields[self.field_name(record)] = forms.CharField(
+                label=str(record),
+                max_length=255,
+                required=False,
+                initial=record.resource_id,
+                help_text=_("What the first run created, e.g. the order id."),
+            )
+
+    @staticmethod
+    def field_name(record: IdempotencyRecord) -> str:
+        return f"resource_id_{record.pk}"
+
+    def rows(self) -> list[tuple[IdempotencyRecord, forms.BoundField]]:
+        return [(record, self[self.field_name(record)]) for record in self.records]
+
+    def resource_id(self, record: IdempotencyRecord) -> str | None:
+        value = self.cleaned_data.get(self.field_name(record), "").strip()
+        return value or None
+
+
+# --- list filters -------------------------------------------------------------------------
+
+
+def _ago(delta: timedelta) -> Any:
+    return Now() - Value(delta, output_field=DurationField())
+
+
+class StuckFilter(admin.SimpleListFilter):
+    title = _("stuck state")
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Expired lease or needs review"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.stuck()  # type: ignore[attr-defined,no-any-return]
+        return queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    """Age by the database clock, like the lease checks."""
+
+    title = _("age")
+    parameter_name = "age"
+    RANGES: dict[str, tuple[str, timedelta, Any]] = {
+        "1h": ("lt", timedelta(hours=1), _("Less than an hour")),
+        "1d": ("lt", timedelta(days=1), _("Less than a day")),
+        "gt1h": ("gt", timedelta(hours=1), _("Older than an hour")),
+        "gt1d": ("gt", timedelta(days=1), _("Older than a day")),
+        "gt7d": ("gt", timedelta(days=7), _("Older than 7 days")),
+        "gt30d": ("gt", timedelta(days=30), _("Older than 30 days")),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(value, label) for value, (_op, _delta, label) in self.RANGES.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() not in self.RANGES:
+            return queryset
+        younger_or_older, delta, _label = self.RANGES[str(self.value())]
+        if younger_or_older == "lt":
+            return queryset.filter(created_at__gt=_ago(delta))
+        return queryset.filter(created_at__lte=_ago(delta))
+
+
+class OperationFilter(admin.SimpleListFilter):
+    title = _("operation")
+    parameter_name = "operation"
+    # A filter sidebar, not a report: beyond this, type ?operation=... in the URL.
+    MAX_CHOICES = 100
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = (
+            model_admin.get_queryset(request)
+            .order_by("operation")
+            .values_list("operation", flat=True)
+            .distinct()[: self.MAX_CHOICES]
+        )
+        return [(name, name or gettext("(none)")) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() is None:
+            return queryset
+        return queryset.filter(operation=self.value())
+
+
+# --- actions that resolve stuck records ------------------------------------------------------
+
+# One admin request resolves at most this many records; past an incident's first
+# handful, ``manage.py idempotency_recover`` is the tool.
+ACTION_LIMIT = 500
+# Records one "mark succeeded" form asks resource ids for.
+FORM_LIMIT = 100
+# Refused records named one by one in the refusal message.
+REFUSALS_SHOWN = 10
+
+# The success message of an action, by how many records it changed.
+Done = Callable[[int], str]
+Records = QuerySet[IdempotencyRecord]
+
+
+def _released(n: int) -> str:
+    return ngettext(
+        "%(count)d record released for retry: the client's next request with "
+        "its key runs the work again.",
+        "%(count)d records released for retry: the clients' next requests with "
+        "their keys run the work again.",
+        n,
+    )
+
+
+def _marked_final(n: int) -> str:
+    return ngettext(
+        "%(count)d record marked as a final failure.",
+        "%(count)d records marked as final failures.",
+        n,
+    )
+
+
+def _marked_succeeded(n: int) -> str:
+    return ngettext(
+        "%(count)d record marked as succeeded: repeats now get its stored outcome.",
+        "%(count)d records marked as succeeded: repeats now get their stored outcomes.",
+        n,
+    )
+
+
+if TYPE_CHECKING:
+    ActionsBase = admin.ModelAdmin[IdempotencyRecord]
+else:  # a mixin of ModelAdmin, typed as one
+    ActionsBase = object
+
+
+class ResolveActions(ActionsBase):
+    """The resolving actions of the records' ModelAdmin."""
+
+    actions = ("release_for_retry", "mark_succeeded", "mark_final_failure", "run_resolver")
+
+    # -- actions
+
+    @admin.action(permissions=["resolve"], description=_("Release for retry (FAILED_RETRYABLE)"))
+    def release_for_retry(self, request: HttpRequest, queryset: Records) -> None:
+        self._mark(request, queryset, Status.FAILED_RETRYABLE, _released)
+
+    @admin.action(permissions=["resolve"], description=_("Mark final failure (FAILED_FINAL)"))
+    def mark_final_failure(self, request: HttpRequest, queryset: Records) -> None:
+        self._mark(request, queryset, Status.FAILED_FINAL, _marked_final)
+
+    @admin.action(
+        permissions=["resolve"], description=_("Mark succeeded with a resource id (SUCCEEDED)")
+    )
+    def mark_succeeded(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> TemplateResponse | None:
+        records = list(queryset[: FORM_LIMIT + 1])
+        if len(records) > FORM_LIMIT:
+            self.message_user(
+                request,
+                gettext("Select at most %(limit)d records to mark succeeded.")
+                % {"limit": FORM_LIMIT},
+                messages.ERROR,
+            )
+            return None
+        form = ResourceIdsForm(request.POST if "apply" in request.POST else None, records=records)
+        if not form.is_valid():
+            return self._resource_ids_page(request, form)
+        selected = self._bounded(request, records)
+        report = recovery.mark_records(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
+        self._report(request, report, _marked_succeeded)
+        return None
+
+    @admin.action(permissions=["resolve"], description=_("Run the operation's resolver now"))
+    def run_resolver(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
+        report = recovery.run_resolvers(self._bounded(request, queryset))
+        for change in report.changes:
+            self.log_change(
+                request,
+                change.after,
+                gettext("Ran the resolver: %(outcome)s (%(before)s → %(after)s).")
+                % {
+                    "outcome": change.outcome,
+                    "before": change.before.status,
+                    "after": change.after.status,
+                },
+            )
+        if report.changes:
+            summary = ", ".join(f"{outcome}: {n}" for outcome, n in sorted(report.outcomes.items()))
+            count = len(report.changes)
+            self.message_user(
+                request,
+                ngettext(
+                    "The resolver ran for %(count)d record (%(summary)s).",
+                    "The resolver ran for %(count)d records (%(summary)s).",
+                    count,
+                )
+                % {"count": count, "summary": summary},
+                messages.SUCCESS,
+            )
+        self._report_refused(request, report.refused)
+
+    # -- the shared machinery of the actions
+
+    def _mark(self, request: HttpRequest, records: Records, status: Status, done: Done) -> None:
+        self._report(request, recovery.mark_records(self._bounded(request, records), status), done)
+
+    def _report(self, request: HttpRequest, report: recovery.ResolutionReport, done: Done) -> None:
+        for change in report.changes:
+            self.log_change(request, change.after, change.describe())
+        if changed := len(report.changes):
+            self.message_user(request, done(changed) % {"count": changed}, messages.SUCCESS)
+        elif not report.refused:
+            self.message_user(
+                request,
+                gettext("No record was changed: the selection no longer matches the list."),
+                messages.WARNING,
+            )
+        self._report_refused(request, report.refused)
+
+    def _bounded(
+        self,
+        request: HttpRequest,
+        records: QuerySet[IdempotencyRecord] | Sequence[IdempotencyRecord],
+    ) -> list[IdempotencyRecord]:
+        selected = list(records[: ACTION_LIMIT + 1])
+        if len(selected) > ACTION_LIMIT:
+            self.message_user(
+                request,
+                gettext(
+                    "Only the first %(limit)d records were processed; run the action again "
+                    "or use manage.py idempotency_recover for the rest."
+                )
+                % {"limit": ACTION_LIMIT},
+                messages.WARNING,
+            )
+        return selected[:ACTION_LIMIT]
+
+    def _report_refused(self, request: HttpRequest, refused: list[str]) -> None:
+        if not refused:
+            return
+        shown = "; ".join(refused[:REFUSALS_SHOWN])
+        if len(refused) > REFUSALS_SHOWN:
+            shown += "; …"
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d record was not changed: %(reasons)s",
+                "%(count)d records were not changed: %(reasons)s",
+                len(refused),
+            )
+            % {"count": len(refused), "reasons": shown},
+            messages.ERROR,
+        )
+
+    def _resource_ids_page(self, request: HttpRequest, form: ResourceIdsForm) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Mark succeeded with a resource id"),
+            "opts": self.opts,
+            "form": form,
+            "action_name": "mark_succeeded",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request,
+            "admin/idempotency/idempotencyrecord/mark_succeeded.html",
+            context,
+        )
+
+
+# --- the records' admin ---------------------------------------------------------------------
 # Statuses a person must resolve; deleting them would invite a blind re-run.
 UNDELETABLE = frozenset({Status.PROCESSING, Status.NEEDS_REVIEW})
 # Characters of a stored body shown on the detail page.
@@ -88,7 +372,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
     # scope by prefix ("user:42:" finds every operation of user 42).
     search_fields = ("=idem_key", "^scope", "=resource_id")
     search_help_text = _(
-        "Exact key or resource id, or the start of a scope. Quote a key that has spaces."
+        "Exact key or resource id, or the start of a scope. Quote a scope or resource id "
+        "that has spaces (keys never do)."
     )
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
@@ -117,6 +402,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
                 )
             },
         ),
+        # Calls to other idempotent APIs (idempotency.steps): what a later attempt reuses.
+        (_("Steps"), {"fields": ("steps_display",)}),
         (
             _("Timeline"),
             {"fields": ("created_at", "updated_at", "completed_at", "expires_at")},
@@ -205,6 +492,25 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
         content_type = _header(record.response_headers, "Content-Type")
         text = readable_body(record.response_body, content_type)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
+
+    @admin.display(description=_("steps recorded"))
+    def steps_display(self, record: IdempotencyRecord) -> str:
+        # The current request's rows only: an earlier request under a replaced record
+        # left rows its replacement deletes on its first step.
+        rows = (
+            IdempotencyStep.objects.using(record._state.db or records_database())
+            .filter(record_id=record.pk, request_started=record.created_at)
+            .exclude(step_key="")
+            .order_by("created_at", "pk")
+        )
+        lines = [
+            f"{step} {step.step_key} at {timezone.localtime(step.created_at):%Y-%m-%d %H:%M:%S}"
+            f"\n    {readable_body((step.result or '').encode())}"
+            for step in rows
+        ]
+        if not lines:
+            return gettext("none recorded")
+        return format_html('<pre class="idempotency-steps">{}</pre>', "\n".join(lines))
 
     def change_view(
         self,

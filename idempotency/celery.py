@@ -11,15 +11,19 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 
+from idempotency import steps
 from idempotency.exceptions import DatabaseUnavailable, KeyInUse, KeyReused
 from idempotency.functions import CallGuard
 from idempotency.options import options_from_attributes
 from idempotency.resolvers import register
+
+if TYPE_CHECKING:
+    from idempotency.protocol import Attempt
 
 
 class IdempotentTask(Task):
@@ -65,6 +69,11 @@ class IdempotentTask(Task):
             # recorded: ask again when it may be done, at most ``max_retries`` times;
             # past that Celery fails the task with this error.
             raise self.retry(countdown=error.retry_after, exc=error) from error
+
+    @property
+    def idempotency(self) -> Attempt:
+        """The running attempt (``bind=True`` tasks: ``self.idempotency.step_key("charge")``)."""
+        return cast("Attempt", steps.current())
 
     @cached_property
     def _idempotency(self) -> CallGuard:

@@ -9,17 +9,18 @@ views of the URLconf, the replay cache. Only system checks import this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DatabaseError
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from idempotency.compat import non_atomic_aliases
-from idempotency.conf import idempotency_settings
+from idempotency.conf import DEFAULTS, idempotency_settings
 from idempotency.settings_checks import settings_messages
 from idempotency.shards import record_databases
 from idempotency.stores import records_database, store_for, transaction_pooled
@@ -31,10 +32,89 @@ def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """The setting's values, then (once they are valid) what they mean for this deployment."""
-    messages = settings_messages(getattr(settings, "IDEMPOTENCY", {}))
+    messages = [*_misspelled_setting_names(), *_exception_handler_without_error_format()]
+    messages += settings_messages(getattr(settings, "IDEMPOTENCY", {}))
     if any(message.is_serious() for message in messages):
         return messages
     return [*messages, *_lease_mode_under_atomic_requests(), *_replay_cache(), *_pooling()]
+
+
+SETTING = "IDEMPOTENCY"
+
+
+def _misspelled_setting_names() -> list[CheckMessage]:
+    # Django ignores a setting nobody reads: IDEMPOTENTCY = {...} would silently leave
+    # every default in force (keys required, atomic mode), whatever it says.
+    return [_misspelled(name) for name in dir(settings) if _looks_like_ours(name)]
+
+
+# Names of the library's own that a settings module holds by import, as docs/operations-tasks.md
+# shows (``from idempotency.beat import IDEMPOTENCY_BEAT_SCHEDULE``): no misspelling.
+_IMPORTED_NAMES = frozenset({"IDEMPOTENCY_BEAT_SCHEDULE"})
+
+
+def _looks_like_ours(name: str) -> bool:
+    if name == SETTING or name in _IMPORTED_NAMES or not name.isupper():
+        return False
+    return "IDEMPOT" in name or bool(difflib.get_close_matches(name, [SETTING], cutoff=0.8))
+
+
+def _misspelled(name: str) -> CheckMessage:
+    # IDEMPOTENCY_HEADER = ...: one flat setting of the dict's, written as Django's own are.
+    suffix = name.partition("_")[2] if name.startswith("IDEMPOT") else ""
+    # Close only: IDEMPOTENCY_SETTINGS or _CONFIG name the dict itself, not a key of it.
+    keys = difflib.get_close_matches(suffix, list(DEFAULTS), n=1, cutoff=0.85)
+    key = keys[0] if keys else None
+    if key is not None:
+        fix = f"Move it into the dict: IDEMPOTENCY = {{{key!r}: ...}}."
+    else:
+        fix = f"Rename it to {SETTING} (a dict: {SETTING} = {{...}})."
+    ours = hasattr(settings, SETTING)
+    return Warning(
+        f"The setting {name} is not read by django-idempotency, which reads {SETTING} only: "
+        f"what {name} says is never applied"
+        + ("." if ours else f", and with no {SETTING} every default is in force."),
+        hint=f"{fix} If {name} is another app's setting, add 'idempotency.W008' to "
+        "SILENCED_SYSTEM_CHECKS.",
+        id="idempotency.W008",
+    )
+
+
+# DRF's own handler, and the library's (DRF's plus the 503 of an outage): a project that
+# names one of them has not chosen an error shape of its own.
+_DEFAULT_HANDLERS = frozenset(
+    {"rest_framework.views.exception_handler", "idempotency.drf.exception_handler"}
+)
+
+
+def _exception_handler_without_error_format() -> list[CheckMessage]:
+    # A project with its own handler has chosen how its API's errors look; problem+json
+    # answers from this library would be a second shape, unless that is a choice too.
+    user = getattr(settings, SETTING, None)
+    if isinstance(user, Mapping) and "ERROR_FORMAT" in user:
+        return []  # chosen, "problem" included
+    framework = getattr(settings, "REST_FRAMEWORK", None)
+    handler = framework.get("EXCEPTION_HANDLER") if isinstance(framework, Mapping) else None
+    if handler is None or _dotted_path(handler) in _DEFAULT_HANDLERS:
+        return []
+    return [
+        Info(
+            f"REST_FRAMEWORK['EXCEPTION_HANDLER'] is {_dotted_path(handler)!r}, but "
+            "django-idempotency answers its errors (400 without a key, 409, 422, 503) as "
+            "application/problem+json, not through it: two error shapes in one API.",
+            hint="Set IDEMPOTENCY['ERROR_FORMAT'] = 'drf' to have your handler render them "
+            "too, or IDEMPOTENCY['ERROR_FORMAT'] = 'problem' to keep problem+json as a "
+            "choice (docs/drf.md, 'One error shape for the API').",
+            id="idempotency.I001",
+        )
+    ]
+
+
+def _dotted_path(handler: object) -> str:
+    if isinstance(handler, str):
+        return handler
+    module, name = getattr(handler, "__module__", ""), getattr(handler, "__qualname__", "")
+    return f"{module}.{name}" if module and name else repr(handler)
 
 
 @register(Tags.urls)

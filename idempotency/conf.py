@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -24,9 +25,11 @@ Mode = Literal["atomic", "lease"]
 MODES: tuple[Mode, ...] = ("atomic", "lease")
 # What a duplicate of an attempt still in flight gets: "wait" (atomic mode: for the
 # row lock, up to LOCK_TIMEOUT, then the outcome; lease mode: WAIT_SECONDS) or
-# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD).
-InFlight = Literal["wait", "conflict"]
-IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict")
+# "conflict" (409 with Retry-After at once, as the draft says a server SHOULD) or, in
+# atomic mode only, "run" (it runs its own attempt; the record is written once, at the
+# end of the transaction, and the first to commit is the outcome every other answers).
+InFlight = Literal["wait", "conflict", "run"]
+IN_FLIGHT: tuple[InFlight, ...] = ("wait", "conflict", "run")
 
 DEFAULTS: dict[str, Any] = {
     "HEADER": "Idempotency-Key",
@@ -164,6 +167,10 @@ def _retention(value: Any) -> dict[str, float]:
 
 
 class Settings:
+    # Whether ``settings_checks.validate_settings`` passed since the settings last
+    # changed: the entry points validate while it is false, once, not per call.
+    validated = False
+
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "IDEMPOTENCY", None)
         if not isinstance(user, Mapping):
@@ -176,6 +183,7 @@ class Settings:
         """Forget the kept values: the next access reads ``settings.IDEMPOTENCY`` again."""
         for name in [name for name in vars(self) if name in DEFAULTS]:
             del self.__dict__[name]
+        self.validated = False
 
     HEADER = _Setting(str)
     MAX_KEY_LENGTH = _Setting(int)
@@ -228,6 +236,16 @@ def _import(path: str, setting: str) -> Callable[..., Any]:
 
 
 idempotency_settings = Settings()
+
+
+def retention_for(operation_name: str, status: str) -> timedelta | None:
+    """How long a record in ``status`` is kept; ``None`` means until an operator acts.
+
+    ``OPERATION_RETENTION[operation_name]`` first, then ``RETENTION``.
+    """
+    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
+    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
+    return None if seconds is None else timedelta(seconds=float(seconds))
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

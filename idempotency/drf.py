@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -78,13 +79,42 @@ def refuse_shadowing(view: type) -> None:
             )
 
 
-# The view mixins carry comments, not docstrings: schema generators (drf-spectacular)
-# describe an operation by the first docstring in its view's MRO, which would be ours.
-#
-# Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
-# Each ``get_idempotency_*`` hook can be overridden on a view; each class attribute
-# left at ``None`` falls back to the ``IDEMPOTENCY`` setting.
+def _keep_view_description(view: type) -> None:
+    """Keep the mixins' docstrings out of ``view``'s API description.
+
+    Schema generators (drf-spectacular) describe an operation by the first
+    docstring in the view's MRO short of DRF's own classes: a view without one
+    would be described by ours. It gets the docstring it would have had without
+    the mixins, or a blank one (an empty string would be passed over).
+    """
+    if view.__doc__ is not None:
+        return
+    inherited = (
+        base.__doc__
+        for base in view.__mro__[1:]
+        if base.__doc__ and not base.__module__.startswith((__name__, "rest_framework."))
+    )
+    view.__doc__ = next(inherited, " ")
+
+
+# Each overridable hook, by the option it stands for.
+_HOOKS = {
+    "key": "get_idempotency_key",
+    "scope": "get_idempotency_scope",
+    "fingerprint": "get_idempotency_fingerprint",
+    "outcome_policy": "get_idempotency_outcome",
+}
+_OPERATIONS_PER_VIEW = 64
+
+
 class IdempotentMixin:
+    """Hooks and options for DRF views; call ``run_idempotently`` around an unsafe handler.
+
+    Each ``get_idempotency_*`` hook can be overridden on a view; each
+    ``idempotency_<option>`` class attribute left at ``None`` falls back to the
+    ``IDEMPOTENCY`` setting (docs/drf.md).
+    """
+
     # The options (idempotency.options) that APPLIES gives the mixin, as class
     # attributes ``idempotency_<option>``: set below, validated per subclass.
     # Operation names ``idempotency_resolver`` is registered under for recovery.
@@ -92,11 +122,30 @@ class IdempotentMixin:
     _idempotency_options: IdempotencyOptions = IdempotencyOptions()
     # The methods whose DRF versions would shadow ours if a DRF class came first.
     _idempotency_methods: tuple[str, ...] = ("handle_exception",)
+    # The options whose hook the class overrides; the others are read by the HTTP
+    # layer itself, so that it never calls up into the view for a default.
+    _idempotency_hooks: tuple[str, ...] = ()
+    # The options of each operation name, when no hook is overridden: made once.
+    _idempotency_by_operation: dict[str, IdempotencyOptions] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         refuse_shadowing(cls)
-        cls._idempotency_options = options_from_attributes("IdempotentMixin", cls)
+        _keep_view_description(cls)
+        options = options_from_attributes("IdempotentMixin", cls)
+        cls._idempotency_hooks = tuple(
+            option
+            for option, method in _HOOKS.items()
+            if getattr(cls, method) is not getattr(IdempotentMixin, method)
+        )
+        if "fingerprint" not in cls._idempotency_hooks:
+            # What get_idempotency_fingerprint gives, as the material of the request's
+            # hash (hashed once more), as it always was: records made before stay
+            # replayable. A partial, so that the HTTP layer never calls up into the view.
+            hook = partial(fields_hash, fields=options.fields, exclude=options.exclude)
+            options = replace(options, fingerprint=hook)
+        cls._idempotency_options = options
+        cls._idempotency_by_operation = {}
         resolver = cls._idempotency_options.resolver
         if resolver is None:
             return
@@ -132,16 +181,21 @@ class IdempotentMixin:
         return _operation_name(type(self), action)
 
     def get_idempotency_options(self) -> IdempotencyOptions:
-        return replace(
-            self._idempotency_options,
-            operation=self.get_idempotency_operation(),
-            # The options' required check is done by get_idempotency_key itself.
-            required=False,
-            key=self.get_idempotency_key,
-            scope=self.get_idempotency_scope,
-            fingerprint=self.get_idempotency_fingerprint,
-            outcome_policy=self.get_idempotency_outcome,
-        )
+        operation = self.get_idempotency_operation()
+        if not self._idempotency_hooks:
+            known = self._idempotency_by_operation
+            options = known.get(operation)
+            if options is None:
+                if len(known) >= _OPERATIONS_PER_VIEW:  # names made up per request
+                    known.clear()
+                options = known[operation] = replace(self._idempotency_options, operation=operation)
+            return options
+        hooks: dict[str, Any] = {
+            option: getattr(self, _HOOKS[option]) for option in self._idempotency_hooks
+        }
+        if "key" in hooks:
+            hooks["required"] = False  # the view's key hook says whether a key is needed
+        return replace(self._idempotency_options, operation=operation, **hooks)
 
     def run_idempotently(
         self, request: Request, handler: Callable[[], HttpResponseBase]
@@ -163,8 +217,14 @@ for _name in APPLIES["IdempotentMixin"]:
     setattr(IdempotentMixin, ATTRIBUTE_PREFIX + _name, getattr(IdempotencyOptions(), _name))
 
 
-# Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
 class IdempotentCreateMixin(IdempotentMixin):
+    """Protects ``create`` of a DRF generic view or viewset; put it before the DRF mixins.
+
+    ``class OrderViewSet(IdempotentCreateMixin, viewsets.ModelViewSet)``: a POST
+    with an ``Idempotency-Key`` creates once, and every repeat gets the first
+    response with ``Idempotent-Replayed: true`` (docs/drf.md).
+    """
+
     idempotency_resolved_actions = ("create", "post")
     _idempotency_methods = ("create", "handle_exception")
 

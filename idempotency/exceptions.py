@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError
 
 
 class IdempotencyError(Exception):
+    """The protocol's errors: each has a stable ``code``, a ``title`` and a ``detail``."""
+
     code = "idempotency_error"
     title = "Idempotency error"
     default_detail = "The request could not be processed idempotently."
@@ -16,18 +19,24 @@ class IdempotencyError(Exception):
 
 
 class KeyMissing(IdempotencyError):
+    """The view requires an idempotency key and the request carries none (400)."""
+
     code = "idempotency_key_missing"
     title = "Idempotency key missing"
     default_detail = "This operation requires an idempotency key."
 
 
 class KeyInvalid(IdempotencyError):
+    """The key is malformed: empty, too long, or not visible ASCII (400)."""
+
     code = "idempotency_key_invalid"
     title = "Idempotency key invalid"
     default_detail = "The idempotency key is malformed."
 
 
 class KeyInUse(IdempotencyError):
+    """Another attempt holds the key right now (409, with ``retry_after`` seconds)."""
+
     code = "idempotency_key_in_use"
     title = "Idempotency key in use"
     default_detail = "A request with this idempotency key is still being processed; retry later."
@@ -38,6 +47,8 @@ class KeyInUse(IdempotencyError):
 
 
 class KeyReused(IdempotencyError):
+    """The key was first used for another request: another body or route (422)."""
+
     code = "idempotency_key_reused"
     title = "Idempotency key reused"
     default_detail = "This idempotency key was already used with a different request."
@@ -52,6 +63,8 @@ class RequestInvalid(IdempotencyError):
 
 
 class ScopeUnavailable(IdempotencyError):
+    """The request has no caller to scope its key to, e.g. anonymous (403)."""
+
     code = "idempotency_scope_unavailable"
     title = "Idempotency scope unavailable"
     default_detail = (
@@ -71,6 +84,8 @@ class LeaseLost(IdempotencyError):
 
 
 class TransitionNotAllowed(IdempotencyError):
+    """The record's state machine refuses this move, or the record changed meanwhile."""
+
     code = "idempotency_transition_not_allowed"
     title = "Transition not allowed"
     default_detail = "The record's state does not allow this transition."
@@ -95,3 +110,7 @@ class DatabaseUnavailable(IdempotencyError, OperationalError):
     def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = max(1, int(retry_after))
+
+
+class CrossDatabaseWrite(ImproperlyConfigured):
+    """An atomic-mode attempt wrote to a database that does not hold its record."""

@@ -18,13 +18,14 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import tracing
 from idempotency.conf import idempotency_settings
-from idempotency.core import Attempt, Outcome, StoredResponse, execute
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import call_key_function, checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.options import IdempotencyOptions, refuse_unknown
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from idempotency.resolvers import register
-from idempotency.settings_checks import validate_settings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -117,7 +118,6 @@ class CallGuard:
             return self._run(work, args, kwargs)
 
     def _run(self, work: Callable[[], T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        validate_settings()
         options = self.options
         bound = self.signature.bind(*args, **kwargs)  # a TypeError before any record
         bound.apply_defaults()
@@ -126,7 +126,7 @@ class CallGuard:
         call_key = checked_key(found, key, self.name)
         validate_key(call_key, max_length=idempotency_settings.MAX_KEY_LENGTH)
         scope = self._scope(bound, args, kwargs)
-        call = options.call(scope, call_key, self.request_hash(args, kwargs), self.name)
+        call = Operation.of(options, scope, call_key, self.request_hash(args, kwargs), self.name)
         return execute(call, lambda attempt: work(), decide=_record_result, replay=_stored_result)
 
     def _scope(

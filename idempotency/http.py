@@ -1,13 +1,13 @@
-"""The protect/aprotect entry points shared by the view decorator and the framework adapters.
+"""``protect`` and ``aprotect``: a request made idempotent, for every HTTP adapter.
 
-``protect`` reads the key, scope and fingerprint (``idempotency.request``), runs
-the view through ``core.execute``, and records or replays the response
-(``idempotency.replay``); errors are rendered by ``idempotency.adapters`` and
-``idempotency.problems``. It needs nothing but Django. ``protect``, ``aprotect``
-and ``IdempotencyOptions`` are the stable entry points for adapters (the DRF
-mixin, ``@idempotent``, other frameworks' decorators); the names below the
-entry points are re-exported for them and for the settings' dotted paths
-(``idempotency.http.default_scope`` and the like).
+The view decorator, the DRF mixins and other frameworks' adapters call ``protect``
+with the view and its options. It reads the request's operation (its key, scope and
+fingerprint: ``idempotency.request``), runs the view through the protocol
+(``idempotency.protocol.execute``), and answers with the view's response, a replay
+or an error (``idempotency.response``). It needs nothing but Django. ``protect``,
+``aprotect`` and ``IdempotencyOptions`` are the stable entry points for adapters; the
+names re-exported below are the settings' dotted paths
+(``idempotency.http.default_scope`` and the like) and what adapters build on.
 """
 
 from __future__ import annotations
@@ -22,40 +22,23 @@ from django.db import Error as DjangoDatabaseError
 from django.db import connections
 from django.http.response import HttpResponseBase
 
-from idempotency import tracing
+from idempotency import signals, tracing
 from idempotency.adapters import (
     AnyRequest,
     FrameworkAdapter,
     adapters,
     django_request_of,
-    error_response,
     is_client_error,
-    outage_response,
     parsed_body,
     register_adapter,
     stored_representation,
-    use_error_format,
 )
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import idempotency_settings
-from idempotency.core import (
-    Attempt,
-    Operation,
-    execute,
-)
-from idempotency.exceptions import (
-    IdempotencyError,
-)
+from idempotency.exceptions import IdempotencyError
 from idempotency.options import IdempotencyOptions
-from idempotency.problems import error_status, problem_response
-from idempotency.replay import (
-    REPLAYED_HEADER,
-    decide_outcome,
-    default_outcome_policy,
-    mark_final,
-    replay_response,
-    snapshot,
-)
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
 from idempotency.request import (
     KEY_FORM_FIELD,
     SAFE_METHODS,
@@ -66,7 +49,21 @@ from idempotency.request import (
     header_key,
     json_body,
     read_key,
+    read_operation,
     request_hash,
+)
+from idempotency.response import (
+    REPLAYED_HEADER,
+    default_outcome_policy,
+    error_response,
+    error_status,
+    mark_final,
+    outage_response,
+    outcome_of,
+    problem_response,
+    replay_response,
+    snapshot,
+    use_error_format,
 )
 from idempotency.settings_checks import validate_settings
 from idempotency.stores.errors import is_outage
@@ -81,7 +78,7 @@ __all__ = [
     "adapters",
     "aprotect",
     "build_operation",
-    "decide_outcome",
+    "outcome_of",
     "decorate",
     "default_fingerprint",
     "default_outcome_policy",
@@ -99,6 +96,7 @@ __all__ = [
     "problem_response",
     "protect",
     "read_key",
+    "read_operation",
     "register_adapter",
     "replay_response",
     "request_hash",
@@ -129,18 +127,20 @@ def protect(
     """
     if django_request_of(request).method in SAFE_METHODS:
         return view()  # a plain view also renders its page or form: no key, no record
-    validate_settings()
-    use_error_format(request, options.error_format)
+    if not idempotency_settings.validated:
+        validate_settings()
+    if options.error_format is not None:
+        use_error_format(request, options.error_format)
     name = options.operation or default_operation
     try:
         with tracing.span(name, options.mode or idempotency_settings.MODE):
-            json_body(request)  # too deep to read: refused before any parser or key function
-            key = read_key(request, options)
-            if key is None:
+            operation = read_operation(request, options, name)
+            if operation is None:
                 tracing.unkeyed()
+                signals.send_unkeyed(name, request)
                 result: HttpResponseBase | _ClientError | None = None
             else:
-                result = _execute(request, view, options, key, name)
+                result = _execute(request, view, options, operation)
         if result is None:
             return view()
     except DjangoDatabaseError as exc:  # first: a DatabaseUnavailable is one too
@@ -155,9 +155,8 @@ def protect(
 
 
 def _execute(
-    request: AnyRequest, view: ViewCall, options: IdempotencyOptions, key: str, name: str
+    request: AnyRequest, view: ViewCall, options: IdempotencyOptions, operation: Operation
 ) -> HttpResponseBase | _ClientError:
-    operation = build_operation(request, options, key, name)
     if operation.mode == "lease":
         refuse_request_transaction(request, operation)
     return execute(
@@ -166,7 +165,7 @@ def _execute(
         decide=lambda result, attempt: (
             None
             if isinstance(result, _ClientError)
-            else decide_outcome(request, result, attempt, options)
+            else outcome_of(request, result, attempt, options)
         ),
         replay=replay_response,
     )

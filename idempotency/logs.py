@@ -105,5 +105,17 @@ def on_purged(sender: Any, **kwargs: Any) -> None:
     logger.info("idempotency purged count=%s dry_run=%s", count, dry_run, extra=extra)
 
 
+def on_unkeyed(sender: Any, operation: str, request: Any, **kwargs: Any) -> None:
+    # INFO, not WARNING: while REQUIRE_KEY is False an unkeyed request is allowed; the
+    # line is how a rollout sees which endpoints and callers still send none (docs/rollout.md).
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    method, path = str(getattr(request, "method", "")), str(getattr(request, "path", ""))
+    extra = {"event": "idempotency.unkeyed", "operation": operation, "method": method, "path": path}
+    logger.info(
+        "idempotency unkeyed operation=%s method=%s path=%s", operation, method, path, extra=extra
+    )
+
+
 def connect() -> None:
     signals.connect_receivers(sys.modules[__name__], "idempotency.logs")

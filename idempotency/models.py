@@ -1,13 +1,29 @@
 from __future__ import annotations
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from idempotency.indexes import PartialIndex
 
+# Imported by every entry point (the DRF mixin, @idempotent, the lazy names of
+# ``idempotency``): without the app, Django would refuse the model below with a
+# RuntimeError about app_label that names no fix, at URLconf import, where ``check``
+# and ``migrate`` die before any check runs. Asked only once the registry knows its
+# apps: before that, Django's own AppRegistryNotReady says what is wrong.
+if apps.apps_ready and not apps.is_installed("idempotency"):
+    raise ImproperlyConfigured(
+        'django-idempotency is imported but "idempotency" is not in INSTALLED_APPS: add '
+        '"idempotency" to INSTALLED_APPS in your settings, then run '
+        "`python manage.py migrate idempotency` to create its table."
+    )
+
 
 class Status(models.TextChoices):
+    """A record's state; the moves between them are ``idempotency.protocol.states.MOVES``."""
+
     PROCESSING = "PROCESSING", _("Processing")
     SUCCEEDED = "SUCCEEDED", _("Succeeded")
     FAILED_RETRYABLE = "FAILED_RETRYABLE", _("Failed (retryable)")
@@ -115,3 +131,48 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} / {self.idem_key} ({self.status})"
+
+
+class IdempotencyStep(models.Model):
+    """A request's calls to other idempotent APIs (``idempotency.steps``): its seed, its steps.
+
+    One row per record holds the seed its step keys are derived from (``name`` is
+    empty); one more row per step whose result was recorded. Rows belong to the
+    request that wrote them, named by its record's ``created_at`` (``request_started``):
+    a new request that replaces an expired record starts again with a new seed. A
+    table of its own, so that the claim and the finish (the hot path) read and write
+    no column for it, and a record's steps go with it when it is purged (CASCADE).
+    """
+
+    # The database deletes a record's steps with it (ON DELETE CASCADE, or a trigger on
+    # SQLite: migration 0005), whichever statement deletes it: the PostgreSQL purge is
+    # one raw DELETE, and an ORM-side cascade would add a query to every discard.
+    record = models.ForeignKey(
+        IdempotencyRecord,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="steps",
+        verbose_name=_("record"),
+    )
+    request_started = models.DateTimeField(
+        _("request started"), help_text=_("The record's created_at when this row was written.")
+    )
+    name = models.CharField(_("step"), max_length=255, blank=True)
+    position = models.PositiveIntegerField(_("position"), null=True, blank=True)
+    step_key = models.CharField(_("step key"), max_length=80, blank=True)
+    seed = models.CharField(_("seed"), max_length=64, blank=True)
+    result = models.TextField(_("recorded result (JSON)"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("idempotency step")
+        verbose_name_plural = _("idempotency steps")
+        constraints = [
+            # One seed row (step_key "") and one row per step key for each record.
+            models.UniqueConstraint(fields=["record", "step_key"], name="idempotency_step_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        if not self.name:
+            return "seed"
+        return self.name if self.position is None else f"{self.name}[{self.position}]"

@@ -28,7 +28,6 @@ from ninja.operation import AsyncOperation, Operation
 from pydantic import BaseModel
 
 from idempotency import openapi
-from idempotency.adapters import use_error_format
 from idempotency.compat import ninja_response, on_ninja_operation
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import IdempotencyError, RequestInvalid
@@ -44,6 +43,7 @@ from idempotency.http import (
 )
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
+from idempotency.response import use_error_format
 from idempotency.stores.errors import OUTAGE_CLASSES, is_outage
 
 if TYPE_CHECKING:

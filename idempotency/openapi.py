@@ -16,11 +16,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from idempotency.conf import OMITTED_HEADER, idempotency_settings
+from idempotency.conf import OMITTED_HEADER, idempotency_settings, retention_for
 from idempotency.http import SAFE_METHODS
 from idempotency.models import Status
 from idempotency.options import IdempotencyOptions
-from idempotency.retention import retention_for
 
 Schema = dict[str, Any]
 

@@ -22,10 +22,8 @@ from idempotency.conf import (
     MODES,
     InFlight,
     Mode,
-    idempotency_settings,
     is_header_name,
 )
-from idempotency.core import Operation
 
 if TYPE_CHECKING:
     from django.http.response import HttpResponseBase
@@ -104,27 +102,19 @@ class IdempotencyOptions:
                 "error_format should be 'problem', 'drf', a callable (request, error, status) "
                 f"-> response or its dotted path, not {self.error_format!r}."
             )
+        if self.in_flight == "run" and self.mode == "lease":
+            raise ValueError(RUN_IN_LEASE_MODE)
         if self.in_flight == "conflict" and self.wait_seconds:
             raise ValueError(
                 "in_flight='conflict' answers 409 at once: give it or wait_seconds, not both."
             )
 
-    def call(self, scope: str, key: str, request_hash: str, name: str, **where: str) -> Operation:
-        """The ``Operation`` of one call made with these options (``where``: method, path)."""
-        return Operation(
-            scope=scope,
-            key=key,
-            request_hash=request_hash,
-            name=name,
-            mode=self.mode or idempotency_settings.MODE,  # type: ignore[arg-type]
-            lease_seconds=self.lease_seconds,
-            lock_timeout=self.lock_timeout,
-            resolver=self.resolver,
-            wait_seconds=self.wait_seconds,
-            in_flight=self.in_flight,
-            using=self.using,
-            **where,
-        )
+
+RUN_IN_LEASE_MODE = (
+    "in_flight='run' lets duplicates run their work before one is recorded, which only "
+    "atomic mode can take back (the losers' writes roll back): give lease mode "
+    "in_flight='wait' or 'conflict'."
+)
 
 
 def _error_format_shape(value: object) -> bool:

@@ -1,7 +1,7 @@
 """How far a long purge or recovery pass has gone, told after each batch.
 
 One shape for both passes, so that a command's output and a task's log read
-alike: ``retention.purge``, ``recovery.recover_expired`` and the ``fanout``
+alike: ``retention.purge``, ``recovery.recover_expired`` and their ``*_everywhere``
 functions take ``progress=``, a callable that receives a ``Progress``.
 """
 

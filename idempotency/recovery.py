@@ -1,33 +1,50 @@
-"""Recovery: settle ``PROCESSING`` records whose lease expired, by asking their resolver.
+"""Recovery: records whose lease expired, and records an operator resolves, in every shard.
 
 A lost lease is never re-run blindly: the first attempt may have had its
 effect. The resolver looks at the business facts; its answer moves the record
-through ``transitions`` (``SUCCEEDED``, ``FAILED_RETRYABLE``, or after
-``MAX_RESOLVE_ATTEMPTS`` unknown answers ``NEEDS_REVIEW``).
+(``states.recover``: ``SUCCEEDED``, ``FAILED_RETRYABLE``, or after
+``MAX_RESOLVE_ATTEMPTS`` unknown answers ``NEEDS_REVIEW``). ``recover_expired``
+is one pass over a database, ``recover_everywhere`` over every database and
+schema that holds records (the beat task and ``idempotency_recover``), and
+``mark_records`` and ``run_resolvers`` are an operator's resolution (the
+admin's actions, the command's ``--mark`` and ``--resolve``). Every change goes
+through the record's state machine (``idempotency.protocol.states``), optimistic
+and fenced; what it will not move is refused with the reason, never forced.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
-from idempotency import signals
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import TransitionNotAllowed
+from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
 from idempotency.progress import Meter, OnProgress
-from idempotency.resolvers import Resolution, Resolver, ask, resolver_for
+from idempotency.protocol.states import (
+    Recovered,
+    can_transition,
+    recover,
+    recovery_outcome,
+    transition,
+)
+from idempotency.resolvers import ask, resolver_for
+from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database
-from idempotency.transitions import postpone, transition
 
 # What happened to a record (the ``outcome`` of ``signals.record_recovered``).
-SUCCEEDED = "succeeded"
-RELEASED = "released"
-NEEDS_REVIEW = "needs_review"
-UNKNOWN = "unknown"
-SKIPPED = "skipped"
+SUCCEEDED = Recovered.SUCCEEDED
+RELEASED = Recovered.RELEASED
+NEEDS_REVIEW = Recovered.NEEDS_REVIEW
+UNKNOWN = Recovered.UNKNOWN
+SKIPPED = Recovered.SKIPPED
 
 
 @dataclass
@@ -76,7 +93,7 @@ def resolve_record(record: IdempotencyRecord) -> str:
         )
         if locked is None:
             return SKIPPED
-        outcome, _ = settle(locked, resolver_for(locked.operation))
+        outcome, _ = recover(locked, resolver_for(locked.operation))
     return outcome
 
 
@@ -91,7 +108,7 @@ def recover_expired(
     Each batch is one short transaction that locks its rows with
     ``SKIP LOCKED``: several workers can run this at once and never handle the
     same record. With ``dry_run`` the resolvers are asked (they only read) but
-    nothing is written. ``database``: that alias (``idempotency.fanout.recover_everywhere``
+    nothing is written. ``database``: that alias (``recover_everywhere``
     visits every one that holds records). ``progress(Progress)`` is called after
     each batch that found records, with the outcomes so far in ``counts``.
     """
@@ -114,69 +131,31 @@ def recover_expired(
         after = batch[-1]
 
 
-def settle(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, IdempotencyRecord]:
-    """Apply ``resolver``'s answer to ``record``, which the caller has locked.
+def recover_everywhere(
+    database: str | None = None, progress: OnProgress | None = None, **options: Any
+) -> list[tuple[Shard, RecoveryReport]]:
+    """``recover_expired`` in every shard (``shards(database)``): each one's report.
 
-    Returns what happened and the record as it is now.
+    ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
     """
-    resolution = ask(resolver, record) if resolver is not None else None
-    outcome = decide(record, resolution)
-    updated = _apply(record, outcome, resolution)
-    # idempotency/logs.py logs this signal.
-    signals.record_recovered.send(
-        IdempotencyRecord, record=updated, operation=record.operation, outcome=outcome
-    )
-    return outcome, updated
+    return in_every_shard(recover_expired, database, progress, options)
 
 
-def decide(record: IdempotencyRecord, resolution: Resolution | None) -> str:
-    """What a resolver's answer (``None``: there is no resolver) does to ``record``."""
-    if resolution is None:
-        if record.status == Status.NEEDS_REVIEW:
-            return UNKNOWN
-        return RELEASED if idempotency_settings.RELEASE_EXPIRED_WITHOUT_RESOLVER else NEEDS_REVIEW
-    if resolution.answer == "done":
-        return SUCCEEDED
-    if resolution.answer == "not_done":
-        return RELEASED
-    if record.status == Status.PROCESSING and (
-        record.recovery_attempts + 1 >= idempotency_settings.MAX_RESOLVE_ATTEMPTS
-    ):
-        return NEEDS_REVIEW
-    return UNKNOWN
-
-
-def _apply(
-    record: IdempotencyRecord, outcome: str, resolution: Resolution | None
-) -> IdempotencyRecord:
-    # The caller locked ``record`` on the records' database: its writes go there too.
-    database = record._state.db
-    if outcome == SUCCEEDED:
-        assert resolution is not None
-        return transition(
-            record,
-            Status.SUCCEEDED,
-            resource_id=resolution.resource_id,
-            response=resolution.response,
-            using=database,
-            recovery_attempt=True,
-        )
-    if outcome == RELEASED:
-        return transition(record, Status.FAILED_RETRYABLE, using=database, recovery_attempt=True)
-    if outcome == NEEDS_REVIEW:
-        return transition(record, Status.NEEDS_REVIEW, using=database, recovery_attempt=True)
-    if record.status == Status.PROCESSING:
-        # Unknown: look again after a pause rather than at every request or pass.
-        return postpone(record, idempotency_settings.RESOLVE_RETRY_SECONDS, using=database)
-    return record
+def total(reports: Iterable[RecoveryReport], dry_run: bool = False) -> RecoveryReport:
+    """The reports of several shards added up."""
+    summed = RecoveryReport(dry_run=dry_run)
+    for report in reports:
+        for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN, SKIPPED):
+            setattr(summed, name, getattr(summed, name) + getattr(report, name))
+    return summed
 
 
 def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
     resolver = resolver_for(record.operation)
     if dry_run:
-        return decide(record, ask(resolver, record) if resolver is not None else None)
+        return recovery_outcome(record, ask(resolver, record) if resolver is not None else None)
     try:
-        outcome, _ = settle(record, resolver)
+        outcome, _ = recover(record, resolver)
     except TransitionNotAllowed:
         # The first attempt finished (or renewed) between our read and our write.
         return SKIPPED
@@ -203,3 +182,114 @@ def expired_batch(
 
 def _eligible(records: IdempotencyRecordQuerySet) -> IdempotencyRecordQuerySet:
     return records.expired_leases() | records.filter(status=Status.NEEDS_REVIEW)
+
+
+# --- an operator's resolution ---------------------------------------------------------
+
+NOT_RESOLVABLE = _(
+    "only a PROCESSING record with an expired lease or a NEEDS_REVIEW record can be "
+    "resolved, and not while another worker holds it."
+)
+ResourceIds = Callable[[IdempotencyRecord], "str | None"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One record moved: as it was, as it is now, and the resolver's outcome if one ran."""
+
+    before: IdempotencyRecord
+    after: IdempotencyRecord
+    outcome: str = ""
+
+    def describe(self) -> str:
+        """The change in a sentence, for an audit log."""
+        before, after = self.before, self.after
+        message = gettext("Status %(before)s → %(after)s.") % {
+            "before": before.status,
+            "after": after.status,
+        }
+        if after.resource_id != before.resource_id:
+            message += " " + gettext("Resource id %(old)r → %(new)r.") % {
+                "old": before.resource_id,
+                "new": after.resource_id,
+            }
+        return message
+
+
+@dataclass
+class ResolutionReport:
+    """What one resolution did: the records changed and, for the others, why not."""
+
+    changes: list[Change] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def outcomes(self) -> Counter[str]:
+        """How many records each resolver outcome settled (``run_resolvers``)."""
+        return Counter(change.outcome for change in self.changes if change.outcome)
+
+
+def mark_records(
+    records: Iterable[IdempotencyRecord],
+    target: Status,
+    *,
+    resource_ids: ResourceIds | None = None,
+) -> ResolutionReport:
+    """Move each record to ``target`` (``SUCCEEDED``, ``FAILED_RETRYABLE``, ``FAILED_FINAL``).
+
+    ``resource_ids(record)`` gives what the first run created (``None`` keeps
+    what is stored): with ``SUCCEEDED``, repeats then get the stored outcome.
+    """
+    report = ResolutionReport()
+    for record in records:
+        resource_id = resource_ids(record) if resource_ids else None
+        try:
+            updated = _transition(record, target, resource_id)
+        except TransitionNotAllowed as error:
+            report.refused.append(f"{record}: {error.detail}")
+            continue
+        report.changes.append(Change(record, updated))
+    return report
+
+
+def _transition(
+    record: IdempotencyRecord, target: Status, resource_id: str | None
+) -> IdempotencyRecord:
+    if not can_transition(record, target):
+        raise TransitionNotAllowed(
+            gettext("a %(status)s record cannot become %(target)s: %(rule)s")
+            % {"status": record.status, "target": target, "rule": NOT_RESOLVABLE}
+        )
+    return transition(record, target, resource_id=resource_id, using=record._state.db)
+
+
+def run_resolvers(records: Iterable[IdempotencyRecord]) -> ResolutionReport:
+    """Ask each record's resolver now and apply its answer (``recovery.resolve_record``)."""
+    report = ResolutionReport()
+    for record in records:
+        try:
+            outcome = _resolved(record)
+        except IdempotencyError as error:
+            report.refused.append(f"{record}: {error.detail}")
+            continue
+        after = IdempotencyRecord.objects.using(records_database(record=record)).get(pk=record.pk)
+        report.changes.append(Change(record, after, outcome))
+    return report
+
+
+def _resolved(record: IdempotencyRecord) -> str:
+    if resolver_for(record.operation) is None:
+        raise TransitionNotAllowed(
+            gettext(
+                "operation %(operation)s has no resolver. Give it one where it is "
+                "declared: resolver= on @idempotent or @idempotent_function, "
+                "idempotency_resolver= on a DRF view or an IdempotentTask; or set "
+                "IDEMPOTENCY['RESOLVERS'][%(operation_repr)s]; or settle the record "
+                "with another action."
+            )
+            % {"operation": record.operation, "operation_repr": repr(record.operation)}
+        )
+    outcome = resolve_record(record)
+    if outcome == SKIPPED:
+        raise TransitionNotAllowed(str(NOT_RESOLVABLE))
+    return outcome

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 
 class Operation(Protocol):
-    """What the cache needs of ``core.Operation`` (this module sits below core)."""
+    """What the cache reads of an operation: where its record lives and what it asks."""
 
     @property
     def scope(self) -> str: ...

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
+from importlib import import_module
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import RawPostDataException
+from django.http import HttpRequest, RawPostDataException
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import HttpHeaders
 
@@ -26,9 +27,6 @@ from idempotency.adapters import (
 )
 from idempotency.compat import query_parsed
 from idempotency.conf import idempotency_settings, load_callable
-from idempotency.core import (
-    Operation,
-)
 from idempotency.exceptions import (
     KeyMissing,
     ScopeUnavailable,
@@ -36,7 +34,7 @@ from idempotency.exceptions import (
 from idempotency.fingerprint import canonical, fingerprint, parse_json
 from idempotency.keys import call_key_function, checked_key, parse_key, validate_key
 from idempotency.options import IdempotencyOptions
-from idempotency.shards import request_tenant
+from idempotency.protocol import Operation
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
@@ -53,10 +51,27 @@ _FORM_ONLY_FIELDS = (KEY_FORM_FIELD, "csrfmiddlewaretoken")
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
+def read_operation(request: AnyRequest, options: IdempotencyOptions, name: str) -> Operation | None:
+    """The operation ``request`` asks for under ``options``: its key, scope and fingerprint.
+
+    ``None`` when it carries no key and need not (``required``, ``REQUIRE_KEY``).
+    A body too deep to read is refused before any parser or key function runs.
+    """
+    django_request = django_request_of(request)
+    _json_body(django_request)
+    if options.key is None:
+        key = _header_key(request, django_request, options.header, options.required)
+    else:
+        key = read_key(request, options)
+    if key is None:
+        return None
+    return _operation(request, django_request, options, key, name)
+
+
 def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     if options.key is None:
         return header_key(request, options.header, options.required)
-    function = load_callable(options.key, "key")
+    function = _loaded(options.key, "key")
     key = call_key_function(function, lambda: function(request), passes=is_client_error)
     if key is not None:
         validate_key(checked_key(key, function), max_length=idempotency_settings.MAX_KEY_LENGTH)
@@ -67,12 +82,22 @@ def read_key(request: AnyRequest, options: IdempotencyOptions) -> str | None:
     return None
 
 
+def _loaded(function: Callable[..., Any] | str, option: str) -> Callable[..., Any]:
+    """A view's option given as a callable, or as its dotted path (imported once, kept)."""
+    return function if callable(function) else load_callable(function, option)
+
+
 def header_key(request: AnyRequest, header: str | None, required: bool | None) -> str | None:
     """The key of the ``header`` header (default ``HEADER``), or of the form's key field."""
-    name = _meta_name(header or idempotency_settings.HEADER)
-    raw = django_request_of(request).META.get(name)
+    return _header_key(request, django_request_of(request), header, required)
+
+
+def _header_key(
+    request: AnyRequest, django_request: HttpRequest, header: str | None, required: bool | None
+) -> str | None:
+    raw = django_request.META.get(_meta_name(header or idempotency_settings.HEADER))
     if raw is None:
-        raw = _form_key(request)
+        raw = _form_key(request, django_request)
     if raw is not None:
         return parse_key(raw, max_length=idempotency_settings.MAX_KEY_LENGTH)
     if _required(required):
@@ -90,8 +115,8 @@ def _meta_name(header: str) -> str:
     return HttpHeaders.to_wsgi_name(header)
 
 
-def _form_key(request: AnyRequest) -> str | None:
-    if (django_request_of(request).content_type or "") not in _FORM_TYPES:
+def _form_key(request: AnyRequest, django_request: HttpRequest) -> str | None:
+    if (django_request.content_type or "") not in _FORM_TYPES:
         return None
     data = parsed_body(request)
     try:
@@ -105,9 +130,19 @@ def _form_key(request: AnyRequest) -> str | None:
 def build_operation(
     request: AnyRequest, options: IdempotencyOptions, key: str, name: str
 ) -> Operation:
-    django_request = django_request_of(request)
-    scope_function = load_callable(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
-    return options.call(
+    return _operation(request, django_request_of(request), options, key, name)
+
+
+def _operation(
+    request: AnyRequest,
+    django_request: HttpRequest,
+    options: IdempotencyOptions,
+    key: str,
+    name: str,
+) -> Operation:
+    scope_function = _loaded(options.scope or idempotency_settings.SCOPE_FUNCTION, "scope")
+    return Operation.of(
+        options,
         checked_scope(scope_function, scope_function(request, name)),
         key,
         request_hash(request, options),
@@ -141,7 +176,7 @@ def _name_of(function: Callable[..., Any]) -> str:
 
 def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
     if options.fingerprint is not None:
-        material = load_callable(options.fingerprint, "fingerprint")(request)
+        material = _loaded(options.fingerprint, "fingerprint")(request)
         return fingerprint([material])
     return fields_hash(request, options.fields, options.exclude)
 
@@ -187,19 +222,22 @@ def default_fingerprint(
             (django_request.method or "").upper(),
             django_request.path,
             json.dumps(query) if query else "[]",
-            _canonical_body(request, fields, exclude),
+            _canonical_body(request, django_request, fields, exclude),
         ]
     )
 
 
 def _canonical_body(
-    request: AnyRequest, fields: Collection[str] | None, exclude: Collection[str]
+    request: AnyRequest,
+    django_request: HttpRequest,
+    fields: Collection[str] | None,
+    exclude: Collection[str],
 ) -> str | bytes:
-    content_type = django_request_of(request).content_type or ""
+    content_type = django_request.content_type or ""
     form = content_type in _FORM_TYPES
     if form:
         exclude = (*exclude, *_FORM_ONLY_FIELDS)
-    exact = json_body(request)
+    exact = _json_body(django_request)
     if exact is not UNPARSED:
         if exact is _NOT_JSON:
             return request.body  # the view rejects it; the raw bytes still fingerprint it
@@ -229,7 +267,10 @@ def json_body(request: AnyRequest) -> Any:
     nests deeper than ``MAX_BODY_DEPTH`` or its bytes are not valid UTF-8 (surrogates
     included): every adapter calls this before the view runs. Parsed once per request.
     """
-    django_request = django_request_of(request)
+    return _json_body(django_request_of(request))
+
+
+def _json_body(django_request: HttpRequest) -> Any:
     cached = getattr(django_request, "_idempotency_json", UNPARSED)
     if cached is not UNPARSED:
         return cached
@@ -246,3 +287,14 @@ def json_body(request: AnyRequest) -> Any:
         parsed = _NOT_JSON
     django_request._idempotency_json = parsed  # type: ignore[attr-defined]
     return parsed
+
+
+def request_tenant(request: Any) -> str | None:
+    """The schema of the request's tenant (django-tenants' ``request.tenant``), but not public's."""
+    tenant = getattr(request, "tenant", None)
+    name = getattr(tenant, "schema_name", None)
+    if name is None:
+        return None
+    if name == import_module("django_tenants.utils").get_public_schema_name():
+        return None
+    return str(name)

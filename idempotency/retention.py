@@ -20,14 +20,8 @@ from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
 from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.progress import Meter, OnProgress
+from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database, store_for
-
-
-def retention_for(operation_name: str, status: str) -> timedelta | None:
-    """How long a record in ``status`` is kept; ``None`` means until an operator acts."""
-    overrides = idempotency_settings.OPERATION_RETENTION.get(operation_name, {})
-    seconds = overrides.get(status, idempotency_settings.RETENTION.get(status))
-    return None if seconds is None else timedelta(seconds=float(seconds))
 
 
 def purge(
@@ -151,3 +145,13 @@ def _statuses(statuses: Iterable[str] | None) -> list[str]:
             "(PROCESSING and NEEDS_REVIEW records are never purged)."
         )
     return chosen
+
+
+def purge_everywhere(
+    database: str | None = None, progress: OnProgress | None = None, **options: Any
+) -> list[tuple[Shard, int]]:
+    """``purge`` in every shard (``shards(database)``): how many each lost.
+
+    ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
+    """
+    return in_every_shard(purge, database, progress, options)

@@ -9,7 +9,8 @@ the URLconf, which caches are shared) is checked by ``idempotency.checks``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import difflib
+from collections.abc import Callable, Iterable, Sequence
 from importlib import import_module
 from typing import Any
 
@@ -25,10 +26,11 @@ from idempotency.conf import (
     MODES,
     OMITTED_HEADER,
     error_format,
+    idempotency_settings,
     is_header_name,
     load_callable,
 )
-from idempotency.models import PURGEABLE, IdempotencyRecord
+from idempotency.models import PURGEABLE, IdempotencyRecord, Status
 
 Check = Callable[[dict[str, Any]], list[CheckMessage]]
 
@@ -36,6 +38,23 @@ Check = Callable[[dict[str, Any]], list[CheckMessage]]
 def _error(msg: str, *, id: str, hint: str | None = None) -> list[CheckMessage]:
     """One error, as a check returns it (``id`` as Django's ``Error`` names it)."""
     return [Error(msg, hint=hint, id=id)]
+
+
+def closest(value: object, candidates: Iterable[str]) -> str | None:
+    """The candidate ``value`` was most likely meant to be (a typo, another case), or None."""
+    if not isinstance(value, str):
+        return None
+    # Compared case-blind, so "lock_timeout" finds "LOCK_TIMEOUT"; the candidate is
+    # returned as written.
+    by_folded = {str(candidate).casefold(): str(candidate) for candidate in candidates}
+    found = difflib.get_close_matches(value.casefold(), list(by_folded), n=1, cutoff=0.6)
+    return by_folded[found[0]] if found else None
+
+
+def did_you_mean(value: object, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the closest candidate, or nothing when none is close."""
+    match = closest(value, candidates)
+    return f" (did you mean {match!r}?)" if match is not None else ""
 
 
 def settings_messages(user: object) -> list[CheckMessage]:
@@ -52,9 +71,11 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
     unknown = sorted(set(user) - set(DEFAULTS))
     if not unknown:
         return []
+    named = [f"{key}{did_you_mean(key, DEFAULTS)}" for key in unknown]
     return _error(
-        f"IDEMPOTENCY has unknown keys: {', '.join(unknown)}.",
-        hint=f"Valid keys are: {', '.join(sorted(DEFAULTS))}.",
+        f"IDEMPOTENCY has unknown keys: {', '.join(named)}.",
+        hint="Rename each to the valid key it was meant to be (an unknown key is never read: "
+        f"its default applies). Valid keys are: {', '.join(sorted(DEFAULTS))}.",
         id="idempotency.E002",
     )
 
@@ -104,10 +125,12 @@ def _boolean(name: str, error_id: str) -> Check:
 
 def _choice(name: str, choices: Sequence[str], error_id: str) -> Check:
     def check(user: dict[str, Any]) -> list[CheckMessage]:
-        if user.get(name, DEFAULTS[name]) in choices:
+        value = user.get(name, DEFAULTS[name])
+        if value in choices:
             return []
         return _error(
-            f"IDEMPOTENCY[{name!r}] should be one of {', '.join(map(repr, choices))}.",
+            f"IDEMPOTENCY[{name!r}] should be one of {', '.join(map(repr, choices))}, "
+            f"not {value!r}{did_you_mean(value, choices)}.",
             id=error_id,
         )
 
@@ -173,29 +196,68 @@ def _replay_headers(user: dict[str, Any]) -> list[CheckMessage]:
     return []
 
 
+_RETENTION_HINT = (
+    "Map SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE to seconds (a number >= 0) or None "
+    "(kept forever); PROCESSING and NEEDS_REVIEW records are never purged."
+)
+
+
 def _retention(user: dict[str, Any]) -> list[CheckMessage]:
+    """Each window, each entry: the message names the one that is wrong."""
     per_operation = user.get("OPERATION_RETENTION", {})
-    windows = [user.get("RETENTION", {})]
-    windows += list(per_operation.values()) if isinstance(per_operation, dict) else [None]
-    if all(_valid_window(window) for window in windows):
-        return []
-    return _error(
-        "IDEMPOTENCY['RETENTION'] and each IDEMPOTENCY['OPERATION_RETENTION'] value should "
-        "map SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE to seconds (a number >= 0) or None.",
-        hint="PROCESSING and NEEDS_REVIEW records are never purged.",
-        id="idempotency.E014",
-    )
-
-
-def _valid_window(window: Any) -> bool:
-    return isinstance(window, dict) and all(
-        status in PURGEABLE
-        and (
-            seconds is None or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool))
+    if not isinstance(per_operation, dict):
+        return _error(
+            "IDEMPOTENCY['OPERATION_RETENTION'] should be a dict of operation names to "
+            f"retention windows, not {per_operation!r}.",
+            hint=f"For example {{'orders.create': {{'SUCCEEDED': 3600}}}}. {_RETENTION_HINT}",
+            id="idempotency.E014",
         )
-        and (seconds is None or seconds >= 0)
-        for status, seconds in window.items()
+    windows = {"IDEMPOTENCY['RETENTION']": user.get("RETENTION", {})}
+    windows.update(
+        (f"IDEMPOTENCY['OPERATION_RETENTION'][{operation!r}]", window)
+        for operation, window in per_operation.items()
     )
+    messages: list[CheckMessage] = []
+    for name, window in windows.items():
+        messages += _window_messages(name, window)
+    return messages
+
+
+def _window_messages(name: str, window: Any) -> list[CheckMessage]:
+    if not isinstance(window, dict):
+        return _error(
+            f"{name} should be a dict of statuses to seconds, not {window!r}.",
+            hint=_RETENTION_HINT,
+            id="idempotency.E014",
+        )
+    messages: list[CheckMessage] = []
+    for status, seconds in window.items():
+        if status not in PURGEABLE and status not in Status.values:
+            # Not a status at all: a typo ("SUCCEDED"), whose window would never apply.
+            messages += _error(
+                f"{name} has an unknown status {status!r}{did_you_mean(status, PURGEABLE)}.",
+                hint=f"Rename it to the status it was meant to be. {_RETENTION_HINT}",
+                id="idempotency.E038",
+            )
+        elif status not in PURGEABLE:
+            messages += _error(
+                f"{name}[{status!r}]: {status} records are never purged.",
+                hint=f"Remove the entry. {_RETENTION_HINT}",
+                id="idempotency.E014",
+            )
+        elif not _valid_seconds(seconds):
+            messages += _error(
+                f"{name}[{status!r}] should be seconds (a number >= 0) or None, not {seconds!r}.",
+                hint=_RETENTION_HINT,
+                id="idempotency.E014",
+            )
+    return messages
+
+
+def _valid_seconds(seconds: Any) -> bool:
+    if seconds is None:
+        return True
+    return isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0
 
 
 def _resolvers(user: dict[str, Any]) -> list[CheckMessage]:
@@ -223,7 +285,8 @@ def _database(user: dict[str, Any]) -> list[CheckMessage]:
     if alias is None or alias in settings.DATABASES:
         return []
     return _error(
-        f"IDEMPOTENCY['DATABASE'] should name an alias of DATABASES, not {alias!r}.",
+        f"IDEMPOTENCY['DATABASE'] should name an alias of DATABASES, not {alias!r}"
+        f"{did_you_mean(alias, settings.DATABASES)}.",
         hint="The record must live in the same database as the business data.",
         id="idempotency.E017",
     )
@@ -261,12 +324,25 @@ def _drf_error_format(user: dict[str, Any]) -> list[CheckMessage]:
     )
 
 
+def _run_in_lease_mode(user: dict[str, Any]) -> list[CheckMessage]:
+    if user.get("IN_FLIGHT") != "run" or user.get("MODE", DEFAULTS["MODE"]) != "lease":
+        return []
+    return _error(
+        "IDEMPOTENCY['IN_FLIGHT'] = 'run' should not be the default of lease mode: it lets "
+        "duplicates run their work before one is recorded, which only atomic mode takes back.",
+        hint="Use 'wait' or 'conflict' with MODE 'lease', or give 'run' only to atomic views "
+        "(in_flight='run').",
+        id="idempotency.E040",
+    )
+
+
 def _replay_cache(user: dict[str, Any]) -> list[CheckMessage]:
     alias = user.get("REPLAY_CACHE")
     if alias is None or (isinstance(alias, str) and alias in settings.CACHES):
         return []
     return _error(
-        f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, not {alias!r}.",
+        f"IDEMPOTENCY['REPLAY_CACHE'] should name an alias of CACHES or be None, not {alias!r}"
+        f"{did_you_mean(alias, settings.CACHES)}.",
         hint="Add the cache to CACHES (a shared one: Redis, Memcached, the database).",
         id="idempotency.E029",
     )
@@ -345,6 +421,7 @@ CHECKS: list[Check] = [
     _non_negative_number("WAIT_SECONDS", "idempotency.E026"),
     _positive_number("MAX_WAITERS", "idempotency.E027", integer=True),
     _choice("IN_FLIGHT", IN_FLIGHT, "idempotency.E032"),
+    _run_in_lease_mode,
     _drf_error_format,
     _replay_cache,
     _positive_number("MAX_BODY_DEPTH", "idempotency.E030", integer=True),
@@ -356,19 +433,15 @@ CHECKS: list[Check] = [
 
 
 # The IDEMPOTENCY object last found valid: checked again only when it changes.
-_valid: list[object] = []
-
-
 def validate_settings() -> None:
     """Raise ``ImproperlyConfigured`` on the first use of an invalid ``IDEMPOTENCY``.
 
     The system checks say the same at start-up; this catches a deployment that
     skips them (``--skip-checks``, a bare WSGI server), instead of serving with
-    a setting nobody meant (``MODE: "leased"``).
+    a setting nobody meant (``MODE: "leased"``). The entry points call it while
+    ``idempotency_settings.validated`` is false: once per change of the settings.
     """
     user = getattr(settings, "IDEMPOTENCY", None)
-    if _valid and _valid[0] is user:
-        return
     found = settings_messages({} if user is None else user)
     errors = [message for message in found if message.is_serious()]
     if errors:
@@ -378,12 +451,12 @@ def validate_settings() -> None:
                 for error in errors
             )
         )
-    _valid[:] = [user]
+    idempotency_settings.validated = True
 
 
 def _forget_valid(*, setting: str, **kwargs: Any) -> None:
     if setting in ("IDEMPOTENCY", "DATABASES", "CACHES"):  # what the checks read
-        _valid.clear()
+        idempotency_settings.validated = False
 
 
 setting_changed.connect(_forget_valid)

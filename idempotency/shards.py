@@ -12,33 +12,28 @@ settings carry, and imports it only where those say it is in use.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connections, router
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
-from idempotency.stores import records_database
+from idempotency.progress import OnProgress, Progress
+from idempotency.stores import records_database, schema
 
 __all__ = [
     "Shard",
     "namespace",
     "record_databases",
-    "request_tenant",
+    "in_every_shard",
     "schema",
     "shards",
 ]
-
-
-def schema(alias: str) -> str | None:
-    """The schema the connection of ``alias`` is switched to (django-tenants), else ``None``."""
-    name = getattr(connections[alias], "schema_name", None)
-    return None if name is None else str(name)
 
 
 def namespace(alias: str) -> str:
@@ -141,12 +136,32 @@ def _lists_app(setting: str) -> bool:
     )
 
 
-def request_tenant(request: Any) -> str | None:
-    """The schema of the request's tenant (django-tenants' ``request.tenant``), but not public's."""
-    tenant = getattr(request, "tenant", None)
-    name = getattr(tenant, "schema_name", None)
-    if name is None:
-        return None
-    if name == import_module("django_tenants.utils").get_public_schema_name():
-        return None
-    return str(name)
+T = TypeVar("T")
+
+
+def in_every_shard(
+    service: Callable[..., T],
+    database: str | None,
+    progress: OnProgress | None,
+    options: dict[str, Any],
+) -> list[tuple[Shard, T]]:
+    """``service`` (a recovery or purge pass) run in each shard in turn, switched to it.
+
+    ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
+    """
+    visited, done = shards(database), []
+    for shard in visited:
+        with shard.active():
+            report = _labelled(progress, shard, visited)
+            done.append((shard, service(database=shard.alias, progress=report, **options)))
+    return done
+
+
+def _labelled(progress: OnProgress | None, shard: Shard, visited: list[Shard]) -> OnProgress | None:
+    if progress is None or len(visited) == 1:
+        return progress
+
+    def told(current: Progress) -> None:
+        progress(replace(current, shard=shard.label))
+
+    return told

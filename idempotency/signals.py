@@ -1,6 +1,6 @@
 """Signals for metrics and logs. Each is sent with ``sender=IdempotencyRecord``.
 
-``operation`` is the ``core.Operation`` being run (``.scope``, ``.key``, ``.name``)
+``operation`` is the ``idempotency.Operation`` being run (``.scope``, ``.key``, ``.name``)
 for the protocol's signals, and the operation's name (``str``) for recovery.
 In atomic mode the protocol's signals are sent inside the request's transaction:
 a receiver must be quick and must not raise (an exception reaches the caller).
@@ -43,6 +43,10 @@ record_recovered = Signal(use_caching=True)
 # Purge deleted (or, with dry_run, counted) expired records.
 # count: int, dry_run: bool
 records_purged = Signal(use_caching=True)
+# A request came without a key to a view whose key is optional (REQUIRE_KEY = False or
+# required=False): the view ran unprotected. What a rollout counts before requiring keys.
+# operation: str (the operation's name), request: HttpRequest (Django's, also under DRF)
+request_unkeyed = Signal(use_caching=True)
 
 
 # The receiver each signal's listeners name ``on_...``: the logs (idempotency/logs.py),
@@ -56,7 +60,19 @@ RECEIVER_NAMES: dict[str, Signal] = {
     "on_database_unavailable": database_unavailable,
     "on_recovered": record_recovered,
     "on_purged": records_purged,
+    "on_unkeyed": request_unkeyed,
 }
+
+
+def send_unkeyed(operation: str, request: Any) -> None:
+    """Send ``request_unkeyed`` for ``request`` (a DRF ``Request`` or Django's own)."""
+    # Imported here: this module is imported before the app registry is ready
+    # (a project's receivers), the models are not.
+    from idempotency.models import IdempotencyRecord
+
+    request_unkeyed.send(
+        IdempotencyRecord, operation=operation, request=getattr(request, "_request", request)
+    )
 
 
 def receivers_of(listener: object) -> list[tuple[Signal, Callable[..., Any]]]:

@@ -10,8 +10,9 @@ import logging
 
 from celery import shared_task
 
-from idempotency.fanout import purge_everywhere, recover_everywhere, total
 from idempotency.progress import OnProgress, Progress, every
+from idempotency.recovery import recover_everywhere, total
+from idempotency.retention import purge_everywhere
 
 logger = logging.getLogger("idempotency")
 

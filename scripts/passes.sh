@@ -44,7 +44,7 @@ PG_TESTS="not mariadb and not pgbouncer and not replica and not topology and not
 # What a transaction pooler could break: concurrency, transactions, HTTP, Celery, outages.
 PGBOUNCER_TESTS="tests/deployment/test_pgbouncer.py tests/deployment/test_pgbouncer_outage.py
   tests/protocol/test_concurrency.py tests/protocol/test_lease.py tests/protocol/test_waiting.py
-  tests/unit/test_stores_postgres.py tests/example/test_http.py tests/example/test_ninja_http.py
+  tests/unit/stores/test_postgres.py tests/example/test_http.py tests/example/test_ninja_http.py
   tests/protocol/test_async.py tests/protocol/test_celery.py"
 CI="lint mypy docs model sqlite postgres postgres-prepared mariadb pgbouncer replica topology
   tenants ninja-releases package"

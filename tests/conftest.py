@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.processes import process_env, python, start, stop
+from tests.support.processes import process_env, python, start, stop
 
 BROKER = os.environ.get("IDEMPOTENCY_TEST_BROKER", "redis://127.0.0.1:6379/9")
 
@@ -55,7 +55,7 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             "-m",
             "celery",
             "-A",
-            "tests.celery_app",
+            "tests.support.celery_app",
             "worker",
             "--pool=solo",
             "--without-gossip",
@@ -89,7 +89,7 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 @pytest.fixture(autouse=True)
 def _no_durations_from_other_tests(monkeypatch):
     # Retry-After uses the durations this process saw: each test starts with none.
-    from idempotency import waiting
+    from idempotency.protocol import claim as waiting
 
     monkeypatch.setattr(waiting, "durations", waiting.Durations())
 
@@ -109,12 +109,19 @@ def unmigrated() -> Iterator[None]:
 @pytest.fixture
 def records_table_dropped() -> Iterator[None]:
     """The app's migrations recorded as applied, its table gone (dropped by hand, or faked)."""
-    from idempotency.models import IdempotencyRecord
+    from django.apps import apps
 
+    from idempotency.models import IdempotencyRecord
+    from idempotency.stores import step_cascade as steps
+
+    # The steps' foreign key (or SQLite trigger) goes first: MariaDB refuses to drop a
+    # table another one references, and it must be back with the table afterwards.
     with connection.schema_editor() as editor:
+        steps.drop_cascade(apps, editor)
         editor.delete_model(IdempotencyRecord)
     try:
         yield
     finally:
         with connection.schema_editor() as editor:
             editor.create_model(IdempotencyRecord)
+            steps.add_cascade(apps, editor)

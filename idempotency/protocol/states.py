@@ -1,18 +1,39 @@
-"""The record's state machine: every move a record can make, in one table.
+"""The record's state machine: every move a record can make, in one table, and the
+moves made outside an attempt (recovery's and an operator's).
 
 A move names who makes it (a request claiming the key, the attempt that owns the
 record, recovery, an operator, the purge), the states it leaves and reaches, and the
 guard the database enforces for it. ``ABSENT`` stands for "no row": a claim creates
-the row, a discard or a purge deletes it. Nothing moves a record but these moves;
-``docs/concepts.md`` draws this table and ``model/protocol.pml`` model-checks it, and
+the row, a discard or a purge deletes it. Nothing moves a record but these moves, and
+each names (``runs``) the one place its write is: a request's moves are the claim's and
+the store's (``Store.finish`` is the finish); recovery's and operators' are
+``recover``, ``postpone`` and ``transition`` below, which refuse what the table does
+not allow.
+``docs/concepts.md`` draws this table and ``model/protocol.pml`` model-checks it;
 tests compare both with it.
+
+Every move made outside an attempt is a conditional UPDATE on the state and version
+the caller saw (optimistic, fenced): if anything changed the record meanwhile, nothing
+is written and ``TransitionNotAllowed`` says so. A new owner token fences off the
+previous owner, whose late finish then lands nowhere.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
-from idempotency.models import Status
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from idempotency import replay_cache, signals
+from idempotency.conf import idempotency_settings, retention_for
+from idempotency.exceptions import TransitionNotAllowed
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import StoredResponse
+from idempotency.resolvers import Resolution, Resolver, ask
+from idempotency.stores import records_database
 
 ABSENT = "ABSENT"
 
@@ -36,22 +57,37 @@ class Move:
     sources: frozenset[str]
     targets: frozenset[str]
     guard: str
+    # What makes the move: the one place its write is (a dotted path).
+    runs: str
 
 
-def _move(name: str, actor: str, sources: set[str], targets: set[str], guard: str) -> Move:
-    return Move(name, actor, frozenset(sources), frozenset(targets), guard)
+def _move(
+    name: str, actor: str, sources: set[str], targets: set[str], guard: str, runs: str
+) -> Move:
+    return Move(name, actor, frozenset(sources), frozenset(targets), guard, runs)
+
+
+_STORE = "idempotency.stores.base.Store."
 
 
 MOVES: dict[str, Move] = {
     move.name: move
     for move in (
-        _move("claim", "request", {ABSENT}, {PROCESSING}, "the unique (scope, idem_key) index"),
+        _move(
+            "claim",
+            "request",
+            {ABSENT},
+            {PROCESSING},
+            "the unique (scope, idem_key) index",
+            "idempotency.protocol.claim.claim",
+        ),
         _move(
             "retry",
             "request",
             {FAILED_RETRYABLE},
             {PROCESSING},
             "row lock; same request hash; a new owner token",
+            _STORE + "reclaim",
         ),
         _move(
             "replace",
@@ -59,17 +95,47 @@ MOVES: dict[str, Move] = {
             set(PURGEABLE),
             {PROCESSING},
             "row lock; expires_at passed (by the database's clock); a new owner token",
+            _STORE + "reclaim",
         ),
-        _move("renew", "owner", {PROCESSING}, {PROCESSING}, "owner token (lease mode)"),
-        _move("finish", "owner", {PROCESSING}, {SUCCEEDED, FAILED_FINAL}, "owner token"),
-        _move("release", "owner", {PROCESSING}, {FAILED_RETRYABLE}, "owner token (lease mode)"),
-        _move("discard", "owner", {PROCESSING}, {ABSENT}, "owner token (lease mode)"),
+        _move(
+            "renew",
+            "owner",
+            {PROCESSING},
+            {PROCESSING},
+            "owner token (lease mode)",
+            _STORE + "renew",
+        ),
+        _move(
+            "finish",
+            "owner",
+            {PROCESSING},
+            {SUCCEEDED, FAILED_FINAL},
+            "owner token",
+            _STORE + "finish",
+        ),
+        _move(
+            "release",
+            "owner",
+            {PROCESSING},
+            {FAILED_RETRYABLE},
+            "owner token (lease mode)",
+            _STORE + "release",
+        ),
+        _move(
+            "discard",
+            "owner",
+            {PROCESSING},
+            {ABSENT},
+            "owner token (lease mode)",
+            _STORE + "discard",
+        ),
         _move(
             "recover",
             "recovery",
             {PROCESSING},
             {SUCCEEDED, FAILED_RETRYABLE, NEEDS_REVIEW},
             "row lock; lease expired; version; a new owner token fences the old owner",
+            "idempotency.protocol.states.recover",
         ),
         _move(
             "postpone",
@@ -77,6 +143,7 @@ MOVES: dict[str, Move] = {
             {PROCESSING},
             {PROCESSING},
             "row lock; lease expired; version; the owner token is kept",
+            "idempotency.protocol.states.postpone",
         ),
         _move(
             "resolve",
@@ -84,8 +151,16 @@ MOVES: dict[str, Move] = {
             {PROCESSING, NEEDS_REVIEW},
             {SUCCEEDED, FAILED_RETRYABLE, FAILED_FINAL},
             "version; a PROCESSING record only once its lease expired; a new owner token",
+            "idempotency.protocol.states.transition",
         ),
-        _move("purge", "purge", set(PURGEABLE), {ABSENT}, "expires_at passed; skips locked rows"),
+        _move(
+            "purge",
+            "purge",
+            set(PURGEABLE),
+            {ABSENT},
+            "expires_at passed; skips locked rows",
+            "idempotency.retention.purge",
+        ),
     )
 }
 
@@ -94,3 +169,181 @@ def allowed(move: str, source: str, target: str) -> bool:
     """``move`` takes a record from ``source`` to ``target`` in the table."""
     entry = MOVES[move]
     return source in entry.sources and target in entry.targets
+
+
+def transition(
+    record: IdempotencyRecord,
+    target: Status,
+    *,
+    resource_id: str | None = None,
+    response: StoredResponse | None = None,
+    using: str | None = None,
+    move: str = "resolve",
+    recovery_attempt: bool = False,
+) -> IdempotencyRecord:
+    """Make ``move`` (an operator's ``resolve``, recovery's ``recover``) to ``target``.
+
+    Refused unless the table allows it from the record's state and nobody changed
+    the record since it was read. A ``PROCESSING`` record can only be moved once
+    its lease has expired (judged by the database clock): a live owner is never
+    overtaken.
+    """
+    if not allowed(move, record.status, target):
+        raise TransitionNotAllowed(f"A {record.status} record cannot become {target}.")
+    guard = Q(pk=record.pk, status=record.status, version=record.version)
+    if record.status == PROCESSING:
+        guard &= Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+    values = _values(record, target, resource_id, response, recovered=recovery_attempt)
+    database = records_database(using, record=record)
+    records = IdempotencyRecord.objects.using(database)
+    if not records.filter(guard).update(**values):
+        raise TransitionNotAllowed(
+            "The record changed meanwhile (or its lease is still live); reload it and retry."
+        )
+    moved = records.get(pk=record.pk)
+    # Nothing caches the states a transition leaves; the tombstone keeps it so.
+    replay_cache.forget_records([moved], database)
+    return moved
+
+
+def can_transition(record: IdempotencyRecord, target: str, move: str = "resolve") -> bool:
+    return allowed(move, record.status, target)
+
+
+def _values(
+    record: IdempotencyRecord,
+    target: Status,
+    resource_id: str | None,
+    response: StoredResponse | None,
+    *,
+    recovered: bool,
+) -> dict[str, object]:
+    window = retention_for(record.operation, target)
+    values: dict[str, object] = {
+        "status": target,
+        "owner_token": secrets.token_hex(16),
+        "lease_until": None,
+        "updated_at": Now(),
+        "version": F("version") + 1,
+        "expires_at": None if window is None or target == NEEDS_REVIEW else Now() + window,
+    }
+    if target in REPLAYABLE:
+        values["completed_at"] = Now()
+    if recovered:
+        values["recovery_attempts"] = F("recovery_attempts") + 1
+    if resource_id is not None:
+        values["resource_id"] = resource_id[:255]
+    if response is not None:
+        values.update(
+            response_status=response.status,
+            response_headers=[list(pair) for pair in response.headers],
+            response_body=response.body,
+        )
+    return values
+
+
+def postpone(
+    record: IdempotencyRecord, seconds: float, *, using: str | None = None
+) -> IdempotencyRecord:
+    """Keep an expired ``PROCESSING`` record as it is for ``seconds`` more (outcome unknown).
+
+    The owner token is kept: if the first attempt is merely slow, it can still
+    finish. The record counts one more recovery attempt.
+    """
+    if not allowed("postpone", record.status, PROCESSING):
+        raise TransitionNotAllowed(
+            f"Only a PROCESSING record can be postponed, not {record.status}."
+        )
+    guard = Q(pk=record.pk, status=record.status, version=record.version) & (
+        Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+    )
+    records = IdempotencyRecord.objects.using(records_database(using, record=record))
+    updated = records.filter(guard).update(
+        lease_until=Now() + timedelta(seconds=seconds),
+        recovery_attempts=F("recovery_attempts") + 1,
+        updated_at=Now(),
+        version=F("version") + 1,
+    )
+    if not updated:
+        raise TransitionNotAllowed(
+            "The record changed meanwhile (or its lease is still live); reload it and retry."
+        )
+    return records.get(pk=record.pk)
+
+
+class Recovered:
+    """What recovery did to a record: the ``outcome`` of ``signals.record_recovered``."""
+
+    SUCCEEDED = "succeeded"
+    RELEASED = "released"
+    NEEDS_REVIEW = "needs_review"
+    UNKNOWN = "unknown"
+    SKIPPED = "skipped"
+
+
+def recover(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, IdempotencyRecord]:
+    """Ask ``resolver`` what became of ``record``'s effect and move it by the answer.
+
+    ``record`` is a ``PROCESSING`` record whose lease ran out (recovery's move,
+    ``recover`` or ``postpone``) or one under review (an operator asking again,
+    ``resolve``), locked by the caller. A lost lease is never re-run blindly: the
+    first attempt may have had its effect. Returns what happened and the record
+    as it is now.
+    """
+    resolution = ask(resolver, record) if resolver is not None else None
+    outcome = recovery_outcome(record, resolution)
+    updated = _recovered(record, outcome, resolution)
+    signals.record_recovered.send(
+        IdempotencyRecord, record=updated, operation=record.operation, outcome=outcome
+    )
+    return outcome, updated
+
+
+def recovery_outcome(record: IdempotencyRecord, resolution: Resolution | None) -> str:
+    """What a resolver's answer (``None``: there is no resolver) does to ``record``."""
+    if resolution is None:
+        if record.status == NEEDS_REVIEW:
+            return Recovered.UNKNOWN
+        if idempotency_settings.RELEASE_EXPIRED_WITHOUT_RESOLVER:
+            return Recovered.RELEASED
+        return Recovered.NEEDS_REVIEW
+    if resolution.answer == "done":
+        return Recovered.SUCCEEDED
+    if resolution.answer == "not_done":
+        return Recovered.RELEASED
+    if record.status == PROCESSING and (
+        record.recovery_attempts + 1 >= idempotency_settings.MAX_RESOLVE_ATTEMPTS
+    ):
+        return Recovered.NEEDS_REVIEW
+    return Recovered.UNKNOWN
+
+
+def _recovered(
+    record: IdempotencyRecord, outcome: str, resolution: Resolution | None
+) -> IdempotencyRecord:
+    # The caller locked ``record`` on the records' database: its writes go there too.
+    database = record._state.db
+    move = "recover" if record.status == PROCESSING else "resolve"
+    if outcome == Recovered.SUCCEEDED:
+        assert resolution is not None
+        return transition(
+            record,
+            Status.SUCCEEDED,
+            resource_id=resolution.resource_id,
+            response=resolution.response,
+            using=database,
+            move=move,
+            recovery_attempt=True,
+        )
+    if outcome == Recovered.RELEASED:
+        return transition(
+            record, Status.FAILED_RETRYABLE, using=database, move=move, recovery_attempt=True
+        )
+    if outcome == Recovered.NEEDS_REVIEW:
+        return transition(
+            record, Status.NEEDS_REVIEW, using=database, move="recover", recovery_attempt=True
+        )
+    if record.status == PROCESSING:
+        # Unknown: look again after a pause rather than at every request or pass.
+        return postpone(record, idempotency_settings.RESOLVE_RETRY_SECONDS, using=database)
+    return record

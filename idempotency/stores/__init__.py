@@ -16,7 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
-from idempotency.stores.base import Candidate, Contention, Store, transaction_pooled
+from idempotency.stores.base import Candidate, Contention, Store, schema, transaction_pooled
 from idempotency.stores.generic import GenericStore
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "GenericStore",
     "Store",
     "records_database",
+    "schema",
     "store_for",
     "transaction_pooled",
 ]

@@ -1,6 +1,6 @@
 """The interface between the idempotency protocol and the database holding the records.
 
-``core`` decides what happens to a key; a store only talks to the database.
+The protocol decides what happens to a key; a store only talks to the database.
 One store is made per database alias (``idempotency.stores.store_for``) and
 kept: a store may compose and cache its statements once.
 
@@ -22,10 +22,10 @@ The contract every store keeps:
 - Records a store returns are model instances made by the ORM (a queryset,
   ``.raw()``, ``Model.from_db`` or ``record_from_db``), bound to ``self.alias``.
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
-  does not turn them into ``KeyInUse``: ``contention`` tells ``core`` what an
-  error means, and ``core`` decides what to answer (it claims again after a
-  "retry" only in a transaction it opened itself, at most ``core.CLAIM_RETRIES``
-  times; inside the caller's transaction, or past that, it answers 409).
+  does not turn them into ``KeyInUse``: ``contention`` tells the protocol what
+  an error means, and the protocol decides what to answer (it claims again
+  after a "retry" only in a transaction it opened itself, at most
+  ``CLAIM_RETRIES`` times; inside the caller's transaction, or past that, 409).
 
 A subclass adds a vendor's faster or safer statements; ``GenericStore``
 (``idempotency.stores.generic``) is the ORM version of every method and the
@@ -35,7 +35,8 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 
@@ -43,7 +44,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from idempotency.conf import idempotency_settings
-from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 
 # What a database error met while claiming means (``Store.contention``):
 # "busy": the wait on the record's current holder ran past its bound, answer 409;
@@ -52,7 +53,21 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Sta
 Contention = Literal["busy", "retry"]
 
 # The stores build records with it (its home is idempotency.compat).
-__all__ = ["Candidate", "Contention", "Store", "transaction_pooled"]
+__all__ = ["Candidate", "Contention", "Store", "pauses", "schema", "transaction_pooled"]
+
+
+def schema(alias: str) -> str | None:
+    """The schema the connection of ``alias`` is switched to (django-tenants), else ``None``."""
+    name = getattr(connections[alias], "schema_name", None)
+    return None if name is None else str(name)
+
+
+def pauses(first: float, longest: float) -> Iterator[float]:
+    """``first``, twice that, and so on up to ``longest``: the pauses of a bounded poll."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(pause * 2, longest)
 
 
 class Candidate(NamedTuple):
@@ -72,19 +87,6 @@ class Candidate(NamedTuple):
     request_method: str
     request_path: str
     owner_token: str
-
-    def instance(self) -> IdempotencyRecord:
-        """The unsaved record, for stores that insert through the ORM."""
-        return IdempotencyRecord(
-            scope=self.scope,
-            idem_key=self.idem_key,
-            operation=self.operation,
-            request_hash=self.request_hash,
-            request_method=self.request_method,
-            request_path=self.request_path,
-            owner_token=self.owner_token,
-            status=Status.PROCESSING,
-        )
 
 
 def transaction_pooled(alias: str) -> bool:
@@ -117,17 +119,18 @@ class Store(ABC):
         """The database's name in telemetry (OpenTelemetry's ``db.system``): Django's vendor."""
         return self.connection.vendor
 
+    @abstractmethod
     def statements(self) -> AbstractContextManager[None]:
         """While inside, the store's statements on this context's connection may share a cursor.
 
-        ``core`` wraps an atomic-mode attempt in it (claim, work, finish), so a
+        The protocol wraps an atomic-mode attempt in it (claim, work, finish), so a
         store that can keep one cursor open for them need not make one per
-        statement. The default shares nothing.
+        statement. ``GenericStore`` shares nothing.
         """
-        return nullcontext()
 
     # The claim
 
+    @abstractmethod
     def claim(
         self,
         candidate: Candidate,
@@ -150,13 +153,11 @@ class Store(ABC):
         Returns the inserted record (its ``owner_token`` is the candidate's)
         or the committed record holding the key (another token: read, not
         locked), with ``expired`` set as ``lock`` sets it. Returns ``None``
-        when the store has no such statement or the statement could not see
-        the record holding the key (one committed after it started): ``core``
-        then takes the locked path
-        (``bounded_lock_wait`` around ``insert_or_lock``). Outside a
-        transaction the insert commits by itself.
+        when the store has no such statement (``GenericStore``) or the statement
+        could not see the record holding the key (one committed after it
+        started): the protocol then takes the locked path (``bounded_lock_wait``
+        around ``insert_or_lock``). Outside a transaction the insert commits by itself.
         """
-        return None  # no such statement: the locked path is the claim
 
     @abstractmethod
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
@@ -172,13 +173,13 @@ class Store(ABC):
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
         """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
 
-        Runs inside a transaction (``core`` opens it). The unique constraint on
+        Runs inside a transaction (the protocol opens it). The unique constraint on
         (scope, idem_key) is the arbiter: of concurrent inserts exactly one
         lands; the others wait for it (as bounded by ``bounded_lock_wait``) and
         lock the winner's row. Returns that row, locked until the transaction
         ends and annotated with ``lease_remaining`` (see ``lock``), or
         ``None`` when it vanished between the insert and the lock (purged:
-        ``core`` may try again).
+        the protocol may try again).
         """
 
     @abstractmethod
@@ -194,9 +195,14 @@ class Store(ABC):
 
     @abstractmethod
     def reclaim(
-        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
-    ) -> bool:
-        """Hand the locked record ``pk`` to the owner ``token`` as ``PROCESSING`` again.
+        self,
+        record: IdempotencyRecord,
+        token: str,
+        *,
+        lease: timedelta | None,
+        fresh: Candidate | None = None,
+    ) -> IdempotencyRecord | None:
+        """Hand the locked ``record`` to the owner ``token`` as ``PROCESSING`` again.
 
         One more attempt, a new version, no outcome and no expiry; with
         ``lease`` a fresh lease. The caller holds the row's lock (it settled
@@ -205,7 +211,11 @@ class Store(ABC):
         With ``fresh`` (an expired record: the key is new again) the record
         becomes ``fresh``'s: its request, a first attempt, created now, no
         outcome. That write is fenced as well: it lands only while the record
-        is still expired by the database clock, and returns whether it did.
+        is still expired by the database clock.
+
+        Returns the record as the write left it (its ``created_at`` and lease
+        as they were read: the database's clock set them), or ``None`` if the
+        write did not land.
         """
 
     @abstractmethod
@@ -224,6 +234,29 @@ class Store(ABC):
         """What ``error``, raised while claiming, means for the key; ``None``: a real error."""
 
     # The owner's writes (fenced by ``token``)
+
+    @abstractmethod
+    def unsaved(self, candidate: Candidate) -> IdempotencyRecord:
+        """``candidate``'s record, unsaved: what an attempt holds before its record is written."""
+
+    @abstractmethod
+    def insert_finished(
+        self,
+        candidate: Candidate,
+        values: dict[str, Any],
+        expires_in: timedelta | None,
+        *,
+        lock_timeout: float,
+    ) -> IdempotencyRecord | None:
+        """Insert ``candidate``'s record already finished (``values``, as ``finish`` takes them).
+
+        The record written once, at the end of an atomic attempt's transaction
+        (``IN_FLIGHT = "run"``). The insert waits at most ``lock_timeout`` seconds on
+        a concurrent uncommitted insert of the same key (a "busy" error past it):
+        the record, or ``None`` when a committed record holds the key (the caller
+        rolls its transaction back). Its ``completed_at`` and ``expires_at`` are the
+        database's clock and are not read back.
+        """
 
     @abstractmethod
     def renew(self, pk: int, token: str, lease: timedelta) -> bool:
@@ -256,9 +289,9 @@ class Store(ABC):
         """Return once (scope, key)'s record may no longer be in flight, or after ``seconds``.
 
         In flight means ``PROCESSING`` with a live lease. Called outside any
-        transaction (``core`` never waits inside one); it opens none and holds
+        transaction (the protocol never waits inside one); it opens none and holds
         no lock while it waits, and never loops faster than a bounded poll.
-        Returning early is harmless: ``core`` claims again and waits again if
+        Returning early is harmless: the protocol claims again and waits again if
         the attempt still runs.
         """
 

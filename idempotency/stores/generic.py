@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, IntegrityError
 from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 
@@ -25,46 +25,87 @@ from idempotency.models import (
     IdempotencyRecordQuerySet,
     Status,
 )
-from idempotency.stores.base import Candidate, Contention, Store
-from idempotency.waiting import pauses
+from idempotency.stores.base import Candidate, Contention, Store, pauses
 
 # SQLite's answer to a writer that waited out the connection's timeout.
 _SQLITE_BUSY = ("database is locked", "database table is locked")
 
 
 class GenericStore(Store):
+    """Every method in the ORM: the store of any database, and the one to subclass."""
+
+    def statements(self) -> AbstractContextManager[None]:
+        return nullcontext()  # the ORM makes a cursor per statement
+
+    def claim(
+        self,
+        candidate: Candidate,
+        *,
+        lease: timedelta | None,
+        lock_timeout: float,
+        expires_in: timedelta | None = None,
+    ) -> IdempotencyRecord | None:
+        return None  # no one-statement claim in the ORM: the locked path is the claim
+
+    def unsaved(self, candidate: Candidate) -> IdempotencyRecord:
+        """``candidate``'s record, unsaved, for the stores that insert it through the ORM."""
+        return IdempotencyRecord(
+            scope=candidate.scope,
+            idem_key=candidate.idem_key,
+            operation=candidate.operation,
+            request_hash=candidate.request_hash,
+            request_method=candidate.request_method,
+            request_path=candidate.request_path,
+            owner_token=candidate.owner_token,
+            status=Status.PROCESSING,
+        )
+
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         found = self.records().filter(scope=scope, idem_key=key, status__in=REPLAYABLE)
         found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))[:1]
         return next(iter(found), None)
 
     def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
-        self.records().bulk_create([candidate.instance()], ignore_conflicts=True)
+        self.records().bulk_create([self.unsaved(candidate)], ignore_conflicts=True)
         return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
 
     def lock(self, pk: int) -> IdempotencyRecord:
         return self.locked().get(pk=pk)
 
     def reclaim(
-        self, pk: int, token: str, *, lease: timedelta | None, fresh: Candidate | None = None
-    ) -> bool:
-        records = self.records().filter(pk=pk)
+        self,
+        record: IdempotencyRecord,
+        token: str,
+        *,
+        lease: timedelta | None,
+        fresh: Candidate | None = None,
+    ) -> IdempotencyRecord | None:
+        records = self.records().filter(pk=record.pk)
         values: dict[str, Any] = {"attempts": F("attempts") + 1}
         if fresh is not None:
             records = records.filter(expired_at_now())
             values = renewed(fresh)
-        return bool(
-            records.update(
-                **values,
-                status=Status.PROCESSING,
-                owner_token=token,
-                lease_until=None if lease is None else Now() + Value(lease),
-                version=F("version") + 1,
-                completed_at=None,
-                expires_at=None,
-                updated_at=Now(),
-            )
+        landed = records.update(
+            **values,
+            status=Status.PROCESSING,
+            owner_token=token,
+            lease_until=None if lease is None else Now() + Value(lease),
+            version=F("version") + 1,
+            completed_at=None,
+            expires_at=None,
+            updated_at=Now(),
         )
+        if not landed:
+            return None
+        # The row as written, without reading it back: the values that are plain
+        # (the database's clock set the rest; they are kept as read).
+        record.owner_token, record.status = token, Status.PROCESSING
+        if fresh is not None:
+            for name, value in values.items():
+                if name != "created_at":
+                    setattr(record, name, value)
+        record.expires_at = record.completed_at = None
+        return record
 
     @contextmanager
     def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
@@ -89,6 +130,28 @@ class GenericStore(Store):
                 version=F("version") + 1,
             )
         )
+
+    def insert_finished(
+        self,
+        candidate: Candidate,
+        values: dict[str, Any],
+        expires_in: timedelta | None,
+        *,
+        lock_timeout: float,
+    ) -> IdempotencyRecord | None:
+        record = self.unsaved(candidate)
+        for name, value in values.items():
+            setattr(record, name, value)
+        record.completed_at, record.expires_at = Now(), _expiry(expires_in)
+        with self.bounded_lock_wait(lock_timeout):
+            try:
+                record.save(using=self.alias, force_insert=True)
+            except IntegrityError:
+                # The unique index: a committed record holds the key. (A database whose
+                # failed statement aborts the transaction has a store of its own.)
+                return None
+        record.completed_at = record.expires_at = None  # the database's clock: not read back
+        return record
 
     def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
         return bool(

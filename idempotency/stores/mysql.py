@@ -18,7 +18,7 @@ the duplicate answers 409. With ``IN_FLIGHT = "conflict"`` the bound is 0 on
 MariaDB (the locking read and ``GET_LOCK`` fail at once), 1 s on MySQL. A
 deadlock that still happens (at REPEATABLE READ, whose locking reads lock gaps
 too) is 1213, after which InnoDB has rolled back
-the whole transaction: ``core`` claims again in a new one where it opened the
+the whole transaction: the protocol claims again in a new one where it opened the
 transaction, and answers 409 inside the caller's.
 
 There is no one-statement claim (every claim takes the locked path). Purge is
@@ -62,7 +62,7 @@ class MySQLStore(GenericStore):
             held = self._holding(candidate)
             if held is not None:
                 return held
-            record = candidate.instance()
+            record = self.unsaved(candidate)
             params = [
                 field.get_db_prep_save(field.pre_save(record, add=True), self.connection)
                 for field in self._inserted

@@ -124,6 +124,39 @@ class PostgresStore(PostgresNotifications):
             record.expired = bool(expired)  # type: ignore[attr-defined]  # as locked() annotates
         return record
 
+    def insert_finished(
+        self,
+        candidate: Candidate,
+        values: dict[str, Any],
+        expires_in: timedelta | None,
+        *,
+        lock_timeout: float,
+    ) -> IdempotencyRecord | None:
+        """One ``INSERT ... ON CONFLICT DO NOTHING``: a key taken is no error.
+
+        A unique violation would abort the transaction; this statement returns no
+        row instead, and bounds its own wait on a concurrent insert as the claim does.
+        """
+        names = tuple(values)
+        params: list[Any] = [*candidate]
+        params += [
+            json.dumps(value) if name in JSON_COLUMNS and value is not None else value
+            for name, value in values.items()
+        ]
+        params += [expires_in] if expires_in is not None else []
+        statement = self.sql.insert_finished(
+            names, expires_in is not None, _milliseconds(lock_timeout)
+        )
+        with self._cursor() as cursor:
+            cursor.execute(statement, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        record = self._claimed_record(row[0], None, candidate)
+        for name, value in values.items():
+            setattr(record, name, value)
+        return record
+
     def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
         """One indexed read of the final record, composed once (the ORM costs more than it)."""
         connection = self.connection

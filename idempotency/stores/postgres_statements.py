@@ -53,6 +53,7 @@ class PostgresStatements:
         self.alias = alias
         self._finish_statements: dict[tuple[tuple[str, ...], bool], str] = {}
         self._claim_statements: dict[tuple[bool, bool, str], str] = {}
+        self._insert_finished_statements: dict[tuple[tuple[str, ...], bool, str], str] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -91,6 +92,46 @@ class PostgresStatements:
                 f"AND {self.column('status')} = '{Status.PROCESSING.value}'"
             )
         return self._finish_statements[key]
+
+    def insert_finished(self, names: tuple[str, ...], expires: bool, lock_timeout: str) -> str:
+        """A finished record inserted once: the request's values, ``names``, then the window.
+
+        Its wait on a concurrent insert of the key is bounded as the claim's is; a
+        key taken returns no row (the caller rolls back, and the setting with it).
+        """
+        key = (names, expires, lock_timeout)
+        statement = self._insert_finished_statements.get(key)
+        if statement is None:
+            if len(self._insert_finished_statements) >= 64:
+                self._insert_finished_statements.clear()
+            statement = self._compose_insert_finished(names, expires, lock_timeout)
+            self._insert_finished_statements[key] = statement
+        return statement
+
+    def _compose_insert_finished(
+        self, names: tuple[str, ...], expires: bool, lock_timeout: str
+    ) -> str:
+        given = set(names) | {"completed_at", "expires_at", "lease_until"}
+        rest = [f for f in _inserted() if f.name not in _PER_REQUEST | given and self._set(f)]
+        columns = [self.column(name) for name in (*PER_REQUEST_ORDER, *names)]
+        values = ["%s"] * len(PER_REQUEST_ORDER)
+        values += [f"%s{'::jsonb' if name in JSON_COLUMNS else ''}" for name in names]
+        columns += [self.column(f.name) for f in rest]
+        values += [self._literal(f.name) for f in rest]
+        columns.append(self.column("completed_at"))
+        values.append(_NOW)
+        if expires:
+            columns.append(self.column("expires_at"))
+            values.append(f"{_NOW} + %s")
+        # The first parameter (scope) carries the lock wait's bound, set before the
+        # insert looks for a conflicting row, as in the claim.
+        bound = f"set_config('lock_timeout', '{lock_timeout}', true)"
+        values[0] = f"%s || left({bound}, 0)"
+        scope, key = self.column("scope"), self.column("idem_key")
+        return (
+            f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
+            f"ON CONFLICT ({scope}, {key}) DO NOTHING RETURNING {self.column('id')}"
+        )
 
     @cached_property
     def read_final(self) -> str:

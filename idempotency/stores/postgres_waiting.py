@@ -14,10 +14,8 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from idempotency.shards import schema
-from idempotency.stores.base import transaction_pooled
+from idempotency.stores.base import pauses, schema, transaction_pooled
 from idempotency.stores.generic import GenericStore
-from idempotency.waiting import pauses
 
 
 class PostgresNotifications(GenericStore):

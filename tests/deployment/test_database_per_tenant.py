@@ -16,14 +16,14 @@ from django.core.management import CommandError
 from django.db import connections
 from django.test import Client, override_settings
 
+from idempotency.exceptions import CrossDatabaseWrite
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.tasks import purge_expired_records, recover_expired_leases
-from idempotency.write_guard import CrossDatabaseWrite
-from tests import output
 from tests.deployment.support import together
 from tests.deployment.tenancy import TENANTS, tenant
-from tests.factories import IdempotencyRecordFactory
-from tests.output import timeless
+from tests.support import output
+from tests.support.factories import IdempotencyRecordFactory
+from tests.support.output import timeless
 from tests.testapp.models import Order
 
 pytestmark = [

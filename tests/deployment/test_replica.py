@@ -2,7 +2,7 @@
 
 scripts/replica.sh starts a private primary and a hot standby of it that applies
 each commit a few seconds late; tests/settings.py adds the standby as ``replica``
-and tests/routers.py sends every read of the records (and of the orders) there.
+and tests/support/routers.py sends every read of the records (and of the orders) there.
 A protocol that read a record from the replica would see a key as free that the
 primary holds, replay nothing where an outcome is recorded, recover or purge
 what is not there yet, and fail to write where the router put the record.
@@ -21,14 +21,16 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connections, router
 from django.test import override_settings
 
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
+from idempotency.protocol.states import transition
 from idempotency.recovery import recover_expired, resolve_record
 from idempotency.retention import purge
 from idempotency.stores import records_database
-from idempotency.transitions import transition
-from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.protocol.test_concurrency import post_order, run_in_threads
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 from tests.unit.test_admin import act, changelist, listed, logged_in, notes, staff
 

@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from idempotency import KeyInUse, KeyReused
 from idempotency.celery import IdempotentTask
 from idempotency.models import IdempotencyRecord, Status
-from tests.celery_app import app
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.celery_app import app
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
 from tests.testapp.tasks import (

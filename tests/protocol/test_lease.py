@@ -16,14 +16,17 @@ from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from idempotency import signals, waiting
-from idempotency.core import Attempt, Operation, Outcome, StoredResponse, execute
+from idempotency import signals
 from idempotency.exceptions import KeyInUse, LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.functions import idempotent_function
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol import claim as waiting
+from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution, register, resolver_for
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.lease_views import (
     CLASS_OPERATION,
     LEASE_OPERATION,

@@ -16,11 +16,11 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from idempotency import core
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
-from tests.unit.test_core import OTHER_HASH, Business, operation
+from idempotency.protocol import execute as core  # the module
+from tests.support.factories import UserFactory
+from tests.unit.protocol.test_execute import OTHER_HASH, Business, operation
 
 pytestmark = pytest.mark.django_db
 

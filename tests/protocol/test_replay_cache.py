@@ -21,11 +21,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency import replay_cache, signals
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
+from idempotency.protocol.states import transition
 from idempotency.retention import purge
-from idempotency.transitions import transition
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

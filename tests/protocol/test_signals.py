@@ -10,14 +10,16 @@ import pytest
 from django.dispatch import Signal
 
 from idempotency import signals
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
 from idempotency.recovery import resolve_record
 from idempotency.resolvers import Resolution
 from idempotency.retention import purge
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -20,16 +20,18 @@ from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from idempotency import waiting
-from idempotency.core import Operation, Outcome, StoredResponse, execute
 from idempotency.drf import IdempotentMixin
 from idempotency.exceptions import KeyInUse
 from idempotency.fingerprint import fingerprint
 from idempotency.http import IdempotencyOptions
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Operation
+from idempotency.protocol import claim as waiting
+from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution
 from idempotency.stores import GenericStore, store_for
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.core.checks import run_checks
+from django.core.checks import INFO, WARNING, run_checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
@@ -49,6 +50,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E014", {"RETENTION": {"SUCCEEDED": "1d"}}),
     ("idempotency.E014", {"OPERATION_RETENTION": {"orders": {"NEEDS_REVIEW": 60}}}),
     ("idempotency.E014", {"OPERATION_RETENTION": ["orders"]}),
+    ("idempotency.E014", {"OPERATION_RETENTION": {"orders": 60}}),
+    ("idempotency.E038", {"RETENTION": {"SUCCEDED": 60}}),
+    ("idempotency.E038", {"OPERATION_RETENTION": {"orders": {"failed_final": 60}}}),
     ("idempotency.E015", {"RESOLVERS": ["tests.resolve"]}),
     ("idempotency.E016", {"RESOLVERS": {"orders.create": "tests.no_such_module.resolve"}}),
     ("idempotency.E017", {"DATABASE": "replica"}),
@@ -70,6 +74,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E030", {"MAX_BODY_DEPTH": "100"}),
     ("idempotency.E032", {"IN_FLIGHT": "409"}),
     ("idempotency.E032", {"IN_FLIGHT": True}),
+    ("idempotency.E040", {"IN_FLIGHT": "run", "MODE": "lease"}),
     ("idempotency.E033", {"TRANSACTION_POOLING": "transaction"}),
     ("idempotency.E034", {"READ_FIRST": True}),
     ("idempotency.E034", {"READ_FIRST": "sometimes"}),
@@ -85,7 +90,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
 
 
 @pytest.mark.parametrize(
-    "renderer", ["idempotency.problems.problem_response", lambda request, error, status: None]
+    "renderer", ["idempotency.response.problem_response", lambda request, error, status: None]
 )
 def test_a_renderer_is_an_error_format(renderer):
     with override_settings(IDEMPOTENCY={"ERROR_FORMAT": renderer}):
@@ -202,7 +207,9 @@ def test_check_command_runs_our_checks():
     ):
         call_command("check", stdout=StringIO(), stderr=StringIO())
     assert "idempotency.E006" in str(caught.value)
-    assert "IDEMPOTENCY['MODE'] should be one of 'atomic', 'lease'." in str(caught.value)
+    assert "IDEMPOTENCY['MODE'] should be one of 'atomic', 'lease', not 'eventual'." in str(
+        caught.value
+    )
 
 
 def test_check_command_passes_with_defaults():
@@ -225,7 +232,118 @@ def test_unknown_key_hint_lists_valid_keys():
     assert "LOCK_TIMEOUT" in message.hint
 
 
-@override_settings(ROOT_URLCONF="tests.check_urls")
+def test_unknown_key_names_the_key_it_was_meant_to_be():
+    with override_settings(IDEMPOTENCY={"LOCK_TIMOUT": 1, "require_key": False, "COLOUR": 1}):
+        (message,) = [m for m in run_checks() if m.id == "idempotency.E002"]
+    assert "LOCK_TIMOUT (did you mean 'LOCK_TIMEOUT'?)" in message.msg
+    assert "require_key (did you mean 'REQUIRE_KEY'?)" in message.msg
+    assert "COLOUR," in message.msg  # close to nothing: no guess
+
+
+@pytest.mark.parametrize(
+    ("setting", "named", "bad", "meant"),
+    [
+        ({"RETENTION": {"SUCCEDED": 60}}, "IDEMPOTENCY['RETENTION']", "SUCCEDED", "SUCCEEDED"),
+        (
+            {"OPERATION_RETENTION": {"orders": {"FAILED_FINALE": 60}}},
+            "IDEMPOTENCY['OPERATION_RETENTION']['orders']",
+            "FAILED_FINALE",
+            "FAILED_FINAL",
+        ),
+    ],
+)
+def test_a_typo_in_a_retention_window_names_the_key_and_the_status_meant(
+    setting, named, bad, meant
+):
+    with override_settings(IDEMPOTENCY=setting):
+        (message,) = [m for m in run_checks() if m.id == "idempotency.E038"]
+    assert message.msg == f"{named} has an unknown status {bad!r} (did you mean {meant!r}?)."
+
+
+def test_a_bad_retention_value_names_its_entry():
+    with override_settings(IDEMPOTENCY={"RETENTION": {"SUCCEEDED": -1, "PROCESSING": 5}}):
+        messages = [m.msg for m in run_checks() if m.id == "idempotency.E014"]
+    assert messages == [
+        "IDEMPOTENCY['RETENTION']['SUCCEEDED'] should be seconds (a number >= 0) or None, not -1.",
+        "IDEMPOTENCY['RETENTION']['PROCESSING']: PROCESSING records are never purged.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "meant"),
+    [
+        ("MODE", "leased", "lease"),
+        ("IN_FLIGHT", "Conflict", "conflict"),
+        ("DATABASE", "defualt", "default"),
+    ],
+)
+def test_a_misspelled_choice_or_alias_names_the_one_meant(setting, value, meant):
+    with override_settings(IDEMPOTENCY={setting: value}):
+        (message,) = [m for m in run_checks() if (m.id or "").startswith("idempotency.E")]
+    assert f"not {value!r} (did you mean {meant!r}?)" in message.msg
+
+
+def test_a_typo_is_refused_on_first_use_too():
+    with (
+        override_settings(IDEMPOTENCY={"RETENTION": {"SUCCEDED": 60}}),
+        pytest.raises(ImproperlyConfigured, match=r"did you mean 'SUCCEEDED'\?"),
+    ):
+        idempotency.settings_checks.validate_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [
+        ("IDEMPOTENTCY", "Rename it to IDEMPOTENCY"),
+        ("IDEMPOTANCY", "Rename it to IDEMPOTENCY"),
+        ("IDEMPOTENCE", "Rename it to IDEMPOTENCY"),
+        ("IDEMPOTENCY_SETTINGS", "Rename it to IDEMPOTENCY"),
+        ("IDEMPOTENCY_CONFIG", "Rename it to IDEMPOTENCY"),
+        ("IDEMPOTENCY_REQUIRE_KEY", "IDEMPOTENCY = {'REQUIRE_KEY': ...}"),
+        ("IDEMPOTENCY_HEADER", "IDEMPOTENCY = {'HEADER': ...}"),
+    ],
+)
+def test_a_setting_named_almost_idempotency_is_warned_about(name, fix):
+    with override_settings(**{name: {"REQUIRE_KEY": False}}):
+        (message,) = [m for m in run_checks() if m.id == "idempotency.W008"]
+    assert message.level == WARNING
+    assert message.msg.startswith(f"The setting {name} is not read by django-idempotency")
+    assert fix in message.hint
+
+
+def test_settings_of_other_names_are_not_warned_about():
+    # IDEMPOTENCY_BEAT_SCHEDULE: imported into settings as docs/operations-tasks.md shows.
+    with override_settings(
+        IDEMPOTENCY={}, IDENTITY_PROVIDER="x", ITEMS_PER_PAGE=3, IDEMPOTENCY_BEAT_SCHEDULE={}
+    ):
+        assert [m for m in run_checks() if m.id == "idempotency.W008"] == []
+
+
+@pytest.mark.parametrize("handler", ["myproject.api.errors.handler", lambda exc, context: None])
+def test_a_project_exception_handler_is_told_about_error_format(handler):
+    with override_settings(REST_FRAMEWORK={"EXCEPTION_HANDLER": handler}):
+        (message,) = [m for m in run_checks() if m.id == "idempotency.I001"]
+    assert message.level == INFO
+    assert "ERROR_FORMAT'] = 'drf'" in message.hint
+
+
+@pytest.mark.parametrize(
+    ("framework", "idempotency"),
+    [
+        ({}, {}),
+        ({"EXCEPTION_HANDLER": "rest_framework.views.exception_handler"}, {}),
+        ({"EXCEPTION_HANDLER": "idempotency.drf.exception_handler"}, {}),
+        ({"EXCEPTION_HANDLER": "myproject.api.errors.handler"}, {"ERROR_FORMAT": "drf"}),
+        # "problem" written out: a choice, not a default nobody looked at.
+        ({"EXCEPTION_HANDLER": "myproject.api.errors.handler"}, {"ERROR_FORMAT": "problem"}),
+    ],
+)
+def test_the_error_format_info_is_only_for_a_default_left_beside_a_handler(framework, idempotency):
+    with override_settings(REST_FRAMEWORK=framework, IDEMPOTENCY=idempotency):
+        assert [m for m in run_checks() if m.id == "idempotency.I001"] == []
+
+
+@override_settings(ROOT_URLCONF="tests.support.check_urls")
 def test_lease_views_under_atomic_requests_are_each_reported(monkeypatch):
     assert [m for m in run_checks() if m.id == "idempotency.E031"] == []
     monkeypatch.setitem(settings.DATABASES["default"], "ATOMIC_REQUESTS", True)

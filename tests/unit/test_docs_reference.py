@@ -14,7 +14,7 @@ from idempotency.conf import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-CHECK_ID = re.compile(r"idempotency\.[EW]\d{3}")
+CHECK_ID = re.compile(r"idempotency\.[EWI]\d{3}")
 
 
 def _page(name: str) -> str:

@@ -70,10 +70,17 @@ def test_no_import_cycle_in_the_package():
     assert cycle() == []
 
 
-# Lowest first. The foundation: settings and their validation, the model, keys,
-# fingerprints, the protocol's vocabulary. Then where records live and how they
-# change outside a request; then the protocol; then what adapts it to a framework
-# or a deployment (HTTP, DRF, ninja, Celery, the admin, commands, system checks).
+# Lowest first, by the package's own folders where it has them. The foundation:
+# settings and their validation, the model, keys, fingerprints, resolvers, the
+# outcome's types. Then where records live (``stores/`` and what names the
+# databases and schemas that hold them); then the protocol (``protocol/``); then
+# recovery and retention, which move records through the protocol's table; then
+# what adapts it all to a framework or a deployment (HTTP, DRF, ninja, Celery, the
+# admin, commands, system checks) and the deprecated paths kept for one release.
+def _folder(folder: str) -> set[str]:
+    return {name for name in MODULES if name.startswith(f"idempotency.{folder}")}
+
+
 LAYERS: list[set[str]] = [
     {
         "idempotency.conf",
@@ -85,51 +92,28 @@ LAYERS: list[set[str]] = [
         "idempotency.signals",
         "idempotency.keys",
         "idempotency.fingerprint",
-        "idempotency.waiting",
         "idempotency.resolvers",
         "idempotency.compat",
-        "idempotency.write_guard",
         "idempotency.progress",
     },
-    {
-        "idempotency.stores",
-        "idempotency.stores.errors",
-        "idempotency.stores.base",
-        "idempotency.stores.generic",
-        "idempotency.stores.mysql",
-        "idempotency.stores.postgres",
-        "idempotency.stores.postgres_waiting",
-        "idempotency.stores.postgres_statements",
+    _folder("stores")
+    | {
         "idempotency.replay_cache",
-        "idempotency.retention",
-        "idempotency.transitions",
-        "idempotency.recovery",
-        "idempotency.resolution",
-        "idempotency.logs",
-        "idempotency.tracing",
         "idempotency.shards",
         "idempotency.unmigrated",
-        "idempotency.fanout",
+        "idempotency.logs",
+        "idempotency.tracing",
     },
-    {
-        "idempotency.operation",
-        "idempotency.read_first",
-        "idempotency.contention",
-        "idempotency.claim",
-        "idempotency.finish",
-        "idempotency.core",
-    },
-    {
-        name
-        for name in MODULES
-        if name.startswith(("idempotency.contrib", "idempotency.management", "idempotency.admin"))
-    }
+    _folder("protocol") | {"idempotency.steps"},
+    {"idempotency.recovery", "idempotency.retention"},
+    _folder("contrib")
+    | _folder("management")
+    | _folder("admin")
     | {
         "idempotency.options",
         "idempotency.adapters",
         "idempotency.request",
-        "idempotency.replay",
-        "idempotency.problems",
+        "idempotency.response",
         "idempotency.http",
         "idempotency.decorators",
         "idempotency.functions",
@@ -141,9 +125,15 @@ LAYERS: list[set[str]] = [
         "idempotency.beat",
         "idempotency.checks",
         "idempotency.apps",
+        # Deprecated paths, each re-exporting what moved, for one release.
+        "idempotency.core",
+        "idempotency.transitions",
+        "idempotency.write_guard",
+        "idempotency.fanout",
+        "idempotency.resolution",
     },
 ]
-PROTOCOL = LAYERS[2]
+STORES, PROTOCOL, ADAPTERS = LAYERS[1] & _folder("stores"), LAYERS[2], LAYERS[4]
 # Frameworks the protocol must work without: it is reached through their adapters.
 FRAMEWORKS = {"rest_framework", "ninja", "celery", "django.http", "django.contrib"}
 
@@ -192,9 +182,16 @@ def test_every_module_imports_only_its_own_layer_or_those_below():
 
 
 def test_the_protocol_knows_nothing_of_http_nor_of_its_adapters():
-    for name in sorted(PROTOCOL & MODULES):
-        assert not imports_of(SOURCES[name]) & (LAYERS[3] | {"idempotency.checks"}), name
+    assert PROTOCOL, "idempotency/protocol/ holds the protocol"
+    for name in sorted(PROTOCOL):
+        assert not imports_of(SOURCES[name]) & (ADAPTERS | LAYERS[3]), name
         assert not external_imports_of(SOURCES[name]) & FRAMEWORKS, name
+
+
+def test_the_stores_never_import_the_protocol():
+    assert STORES, "idempotency/stores/ holds the stores"
+    for name in sorted(STORES):
+        assert not imports_of(SOURCES[name]) & PROTOCOL, name
 
 
 def test_the_foundation_knows_nothing_of_the_frameworks_adapted():

@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from idempotency import signals
 from idempotency.contrib import prometheus
 from idempotency.contrib.prometheus import SignalCounters
-from idempotency.core import Operation
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.protocol import Operation
 
 OPERATION = Operation(scope="user:1:orders.create", key="k-1", request_hash="h", name="orders")
 RECORD = IdempotencyRecord(scope=OPERATION.scope, idem_key="k-1", status=Status.SUCCEEDED)

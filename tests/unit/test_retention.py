@@ -17,13 +17,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idempotency import signals
-from idempotency.core import Operation, execute
+from idempotency.conf import retention_for
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.progress import Progress
-from idempotency.retention import purge, retention_for
-from tests.factories import IdempotencyRecordFactory
+from idempotency.protocol import Operation
+from idempotency.protocol.execute import execute
+from idempotency.retention import purge
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

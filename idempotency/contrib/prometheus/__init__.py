@@ -55,6 +55,13 @@ class SignalCounters:
         self.purged = counter(
             "idempotency_purged_records", "Records deleted by purge (dry runs excluded).", ()
         )
+        # Labelled by operation alone: the caller would be unbounded (docs/rollout.md
+        # logs it instead).
+        self.unkeyed = counter(
+            "idempotency_unkeyed_requests",
+            "Requests served unprotected because they sent no key (REQUIRE_KEY = False).",
+            ("operation",),
+        )
 
     def receivers(self) -> list[tuple[Signal, Any]]:
         return signals.receivers_of(self)
@@ -99,6 +106,9 @@ class SignalCounters:
     def on_purged(self, sender: Any, **kwargs: Any) -> None:
         if not kwargs.get("dry_run"):
             self.purged.inc(int(kwargs.get("count", 0)))
+
+    def on_unkeyed(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
+        self.unkeyed.labels(operation_name(operation)).inc()
 
 
 _enabled: SignalCounters | None = None

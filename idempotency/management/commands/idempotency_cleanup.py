@@ -7,7 +7,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from idempotency.fanout import purge_everywhere
 from idempotency.management._common import (
     ProgressLines,
     Stopwatch,
@@ -20,6 +19,7 @@ from idempotency.management._common import (
     statuses,
 )
 from idempotency.models import PURGEABLE
+from idempotency.retention import purge_everywhere
 from idempotency.shards import Shard
 
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from idempotency import resolution
-from idempotency.fanout import recover_everywhere, total
+from idempotency import recovery
 from idempotency.management._common import (
     ProgressLines,
     Stopwatch,
@@ -23,7 +22,7 @@ from idempotency.management._common import (
     shards,
 )
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.recovery import RecoveryReport
+from idempotency.recovery import RecoveryReport, recover_everywhere, total
 from idempotency.shards import Shard
 from idempotency.shards import shards as shards_of
 
@@ -134,11 +133,11 @@ class Command(BaseCommand):
 
 def settle(
     chosen: list[IdempotencyRecord], mark: str | None, resource_id: str | None
-) -> resolution.ResolutionReport:
+) -> recovery.ResolutionReport:
     if mark is None:
-        return resolution.run_resolvers(chosen)
+        return recovery.run_resolvers(chosen)
     given = (lambda record: resource_id) if resource_id else None
-    return resolution.mark_records(chosen, MARKS[mark], resource_ids=given)
+    return recovery.mark_records(chosen, MARKS[mark], resource_ids=given)
 
 
 def one_shard(database: str | None) -> Shard:

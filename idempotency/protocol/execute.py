@@ -1,0 +1,512 @@
+"""The idempotency protocol: claim a record, run the work once, store its outcome.
+
+``execute`` takes a complete ``Operation`` from an adapter and calls back only for
+the work and for the decision on its result. It knows nothing of HTTP, nor of which
+database holds the records: it decides, and the alias's store (``idempotency.stores``)
+runs the statements.
+
+Atomic mode: one transaction holds the claim, the work's writes and the finish;
+what is not recorded did not happen. Lease mode: a committed claim, the work outside
+any transaction of ours, and a finish (or release) fenced by the owner token. A
+repeat of a recorded outcome is answered from it, read before any transaction when
+repeats are frequent (``READ_FIRST``), or from the replay cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core import mail
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
+
+from idempotency import replay_cache, signals
+from idempotency.conf import idempotency_settings, retention_for
+from idempotency.exceptions import (
+    CrossDatabaseWrite,
+    DatabaseUnavailable,
+    IdempotencyError,
+    KeyReused,
+    LeaseLost,
+)
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome
+from idempotency.protocol.claim import (
+    CLAIM_RETRIES,
+    Claimed,
+    ClaimGivenUp,
+    ContentionAnswered,
+    InFlightHere,
+    busy,
+    candidate_of,
+    claim,
+    claim_committed,
+    in_use,
+    record_duration,
+    waiters,
+)
+from idempotency.protocol.operation import Attempt, Operation
+from idempotency.protocol.states import REPLAYABLE
+from idempotency.settings_checks import validate_settings
+from idempotency.steps import running_attempt
+from idempotency.stores import Candidate
+from idempotency.stores.errors import is_outage
+from idempotency.unmigrated import not_migrated
+
+logger = logging.getLogger("idempotency")
+
+T = TypeVar("T")
+Work = Callable[[Attempt], T]
+Decide = Callable[[T, Attempt], "Outcome | None"]
+Replay = Callable[[IdempotencyRecord], T]
+
+
+def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: Replay[T]) -> T:
+    """Run ``work`` at most once for ``operation`` and answer repeats with ``replay``.
+
+    ``decide`` turns the work's result into the outcome to record, or ``None``
+    to record nothing (the business writes roll back, the key stays free).
+    A database that fails under it raises ``DatabaseUnavailable``: nothing was
+    recorded, and the same call may be retried. A records table not migrated
+    raises ``ImproperlyConfigured``, which no retry mends.
+    """
+    if not idempotency_settings.validated:
+        validate_settings()
+    try:
+        if idempotency_settings.REPLAY_CACHE is not None:
+            cached = replay_cache.lookup(operation)
+            if cached is not None:
+                return _replay(operation, cached, replay, from_cache=True)
+        if operation.mode == "lease":
+            return _execute_leased(operation, work, decide, replay)
+        final = _read_first(operation)
+        if final is not None:
+            return _replay(operation, final, replay)
+        if operation.writes_once:
+            return _execute_written_once(operation, work, decide, replay)
+        return _execute_atomic(operation, work, decide, replay)
+    except DjangoDatabaseError as exc:  # InterfaceError too, which is no DatabaseError
+        if isinstance(exc, IdempotencyError):
+            raise
+        if is_outage(exc):
+            raise database_unavailable(exc, operation) from exc
+        unmigrated = not_migrated(exc, operation.database)  # a 500 that says what to run
+        if unmigrated is not None:
+            raise unmigrated from exc
+        raise
+
+
+def database_unavailable(
+    error: Exception, operation: Operation | None = None
+) -> DatabaseUnavailable:
+    """``error`` (an outage) as the protocol's error, once: connections cleaned, signal sent.
+
+    A connection the failure broke is closed (Django's own end-of-request check,
+    ``close_if_unusable_or_obsolete``, run now), so that what runs next in this
+    thread, and the next request, connect afresh. Connections inside a
+    transaction are left to it: rolling back is the transaction's owner's job.
+    """
+    if isinstance(error, DatabaseUnavailable):
+        return error
+    _close_broken_connections()
+    unavailable = DatabaseUnavailable(retry_after=idempotency_settings.RETRY_AFTER)
+    # The ``idempotency`` logger hears this signal (idempotency/logs.py): one record per outage.
+    signals.database_unavailable.send(
+        IdempotencyRecord, operation=operation, error=error, retry_after=unavailable.retry_after
+    )
+    return unavailable
+
+
+def _close_broken_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
+def _work(work: Work[T], attempt: Attempt) -> T:
+    token = running_attempt.set(attempt)
+    try:
+        return work(attempt)
+    finally:
+        running_attempt.reset(token)
+
+
+# --- atomic mode -------------------------------------------------------------------------
+
+
+def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
+    for tries_left in range(CLAIM_RETRIES, -1, -1):
+        try:
+            ran, result = _atomic_attempt(operation, work, decide)
+            break
+        except ClaimGivenUp as exc:
+            # Only a transaction of our own can be tried again: inside the caller's,
+            # what the database rolled back is the caller's to handle, so that is a 409.
+            if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
+                raise busy(operation) from exc
+        except InFlightHere as held:
+            raise in_use(operation, held.record) from None
+    if ran:
+        return result  # type: ignore[return-value]
+    # After the commit: what recovery wrote while claiming must stay even if this is a 409.
+    return _replay(operation, result, replay)  # type: ignore[arg-type]
+
+
+def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> tuple[bool, Any]:
+    """One transaction: the claim, the work and its outcome, or the record to replay."""
+    with (
+        transaction.atomic(using=operation.database),
+        operation.store.statements(),
+        writes_only_to(operation.database),
+    ):
+        attempt, existing = claim(operation)
+        if attempt is None:
+            return False, existing
+        replay_share.seen(operation.name, replayed=False)
+        value = _work(work, attempt)
+        outcome = decide(value, attempt)
+        if outcome is None:
+            # Nothing recorded, nothing happened: the business writes go too.
+            transaction.set_rollback(True, using=operation.database)
+        else:
+            _finish(attempt, outcome)
+        return True, value
+
+
+# --- atomic mode, the record written once ---------------------------------------------------
+
+
+def _execute_written_once(
+    operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]
+) -> T:
+    """IN_FLIGHT "run": the work first, then its finished record inserted, in one transaction.
+
+    The unique index decides as it does for a claim: a concurrent duplicate's
+    insert waits on the first's uncommitted entry and, once the first commits,
+    fails; its transaction (its work's writes with it) rolls back and it answers
+    with the first's outcome. If the first rolls back, the duplicate's insert
+    lands. A key held by a record that is not a live outcome (in flight in another
+    mode, retryable, expired) takes the claim's path, which decides those.
+    """
+    token = secrets.token_hex(16)
+    new = candidate_of(operation, token)
+    attempt = Attempt(operation=operation, record=operation.store.unsaved(new), owner_token=token)
+    database = operation.database
+    with (
+        transaction.atomic(using=database),
+        operation.store.statements(),
+        writes_only_to(database),
+    ):
+        replay_share.seen(operation.name, replayed=False)
+        value = _work(work, attempt)
+        outcome = decide(value, attempt)
+        if outcome is None:
+            transaction.set_rollback(True, using=database)  # nothing recorded, nothing happened
+            return value
+        if _insert_finished(attempt, new, outcome):
+            return value
+        transaction.set_rollback(True, using=database)  # another attempt's outcome holds the key
+    held = operation.store.read_final(operation.scope, operation.key)
+    if held is None:
+        return _execute_atomic(operation, work, decide, replay)
+    if held.request_hash != operation.request_hash:
+        signals.key_reused.send(IdempotencyRecord, record=held, operation=operation)
+        raise KeyReused()
+    return _replay(operation, held, replay)
+
+
+def _insert_finished(attempt: Attempt, new: Candidate, outcome: Outcome) -> bool:
+    """The "claim" and the "finish" in one insert: whether it landed."""
+    operation = attempt.operation
+    values = _outcome_values(attempt, outcome)
+    window = retention_for(operation.name, outcome.status)
+    try:
+        with ContentionAnswered(operation):
+            record = operation.store.insert_finished(
+                new, values, window, lock_timeout=operation.lock_wait
+            )
+    except ClaimGivenUp:
+        return False  # a deadlock's victim: what holds the key is read afterwards
+    if record is None:
+        return False
+    attempt.record = record
+    signals.record_claimed.send(
+        IdempotencyRecord, record=record, operation=operation, reclaimed=False, replaced=False
+    )
+    _recorded(attempt, outcome, values, window)
+    return True
+
+
+# --- an atomic attempt writes to one database ---------------------------------------------
+#
+# An atomic-mode attempt writes to one database: the one that holds its record.
+#
+# The claim, the business writes and the recorded outcome commit together only
+# when they are in one transaction, so on one database. A view that writes to
+# another alias (a tenant's database the router did not pick for the record, a
+# second database of its own) commits that write on its own: a retry after a
+# crash runs it again, and the guarantee is silently gone. While an attempt
+# runs, every other alias of the request's thread refuses writes with
+# ``CrossDatabaseWrite``, which says what to set. It is on under ``DEBUG`` and
+# Django's test environment (``WRITE_GUARD = None``), always with ``True``,
+# never with ``False``: each statement on the other aliases is looked at.
+_WRITE = re.compile(r"\s*(?:INSERT|UPDATE|DELETE|MERGE|REPLACE|TRUNCATE|COPY)\b", re.IGNORECASE)
+
+
+def writes_only_to(database: str) -> AbstractContextManager[None]:
+    """While the attempt runs, refuse writes on every alias but ``database`` (when guarded)."""
+    if len(connections.settings) < 2 or not _guarded():
+        return nullcontext()
+    return _refuse_others(database)
+
+
+@contextmanager
+def _refuse_others(database: str) -> Iterator[None]:
+    with ExitStack() as stack:
+        for alias in connections:
+            if alias != database:
+                stack.enter_context(connections[alias].execute_wrapper(_refusal(alias, database)))
+        yield
+
+
+def _refusal(alias: str, database: str) -> Callable[..., Any]:
+    def refuse(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str) and _WRITE.match(sql):
+            raise CrossDatabaseWrite(
+                f"An atomic-mode idempotent attempt whose record is on database {database!r} "
+                f"wrote to {alias!r}: that write would commit on its own, outside the "
+                f"attempt's transaction, and run again on a retry. Put the record where the "
+                f"writes go: route IdempotencyRecord like the view's models (the router's "
+                f"db_for_write), or pass using={alias!r} to the view's protection "
+                f"(@idempotent(using=...), Operation(using=...)), or IDEMPOTENCY['DATABASE']; "
+                f"or use mode='lease'. IDEMPOTENCY['WRITE_GUARD'] = False turns this check off."
+            )
+        return execute(sql, params, many, context)
+
+    return refuse
+
+
+def _guarded() -> bool:
+    chosen = idempotency_settings.WRITE_GUARD
+    if chosen is not None:
+        return chosen
+    return bool(settings.DEBUG) or _testing()
+
+
+def _testing() -> bool:
+    """Django's test environment is set up (its runner, pytest-django): DEBUG is off there.
+
+    ``setup_test_environment`` installs the locmem outbox, ``django.core.mail.outbox``
+    (documented in Django's testing tools); nothing else marks it publicly.
+    """
+    return hasattr(mail, "outbox")
+
+
+# --- lease mode --------------------------------------------------------------------------
+
+
+def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
+    attempt, existing = _claim_or_wait(operation)
+    if attempt is None:
+        return _replay(operation, existing, replay)
+    replay_share.seen(operation.name, replayed=False)
+    try:
+        value = _work(work, attempt)
+        outcome = decide(value, attempt)
+    except BaseException as exc:
+        # The work may have had effects outside any transaction we control:
+        # keep the record, bound to this request, for a retry of the same request.
+        if is_outage(exc):
+            # Released over a fresh connection if the database is back; if it is
+            # not, the record stays claimable once its lease runs out.
+            _close_broken_connections()
+        _release(attempt, delete=False)
+        raise
+    if outcome is None:
+        _release(attempt, delete=True)
+    else:
+        _finish(attempt, outcome)
+    return value
+
+
+def _claim_or_wait(operation: Operation) -> Claimed:
+    """Lease mode: claim; a duplicate of a live attempt may first wait for its outcome.
+
+    Woken when the record may have changed, it claims again: that replays the
+    outcome, re-claims a released key (one waiter wins, the others wait on for
+    its outcome) or finds the attempt still running. Bounded by ``wait_for``
+    and by ``MAX_WAITERS`` per process; never inside a transaction.
+    """
+    try:
+        return _claim_committed(operation)
+    except InFlightHere as held:
+        record = held.record
+    connection = transaction.get_connection(operation.database)
+    if operation.wait_for <= 0 or connection.in_atomic_block:
+        raise in_use(operation, record)
+    deadline = time.monotonic() + operation.wait_for
+    with waiters.admitted() as admitted:
+        while admitted and (left := deadline - time.monotonic()) > 0:
+            operation.store.wait_for_outcome(operation.scope, operation.key, left)
+            try:
+                return _claim_committed(operation)
+            except InFlightHere as held:
+                record = held.record
+    raise in_use(operation, record)
+
+
+def _claim_committed(operation: Operation) -> Claimed:
+    """``claim_committed``, again in a new transaction when the database gave one up."""
+    for tries_left in range(CLAIM_RETRIES, -1, -1):
+        try:
+            return claim_committed(operation)
+        except ClaimGivenUp as exc:
+            if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
+                raise busy(operation) from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- the end of an attempt -----------------------------------------------------------------
+
+
+def _finish(attempt: Attempt, outcome: Outcome) -> None:
+    """Store the outcome ("finish"), fenced by the owner token: a lost lease stores nothing."""
+    operation = attempt.operation
+    values = _outcome_values(attempt, outcome)
+    window = retention_for(operation.name, outcome.status)
+    if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
+        raise LeaseLost()
+    _recorded(attempt, outcome, values, window)
+
+
+def _outcome_values(attempt: Attempt, outcome: Outcome) -> dict[str, Any]:
+    response = outcome.response
+    return {
+        "status": str(outcome.status),
+        "response_status": response.status if response else None,
+        "response_headers": [list(pair) for pair in response.headers] if response else [],
+        "response_body": response.body if response else None,
+        "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
+    }
+
+
+def _recorded(
+    attempt: Attempt, outcome: Outcome, values: dict[str, Any], window: timedelta | None
+) -> None:
+    """What follows an outcome stored: the replay cache, durations, waiters, the signal."""
+    operation = attempt.operation
+    if idempotency_settings.REPLAY_CACHE is not None:
+        replay_cache.remember_outcome(
+            operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started
+        )
+    if operation.mode == "lease":
+        record_duration(operation.name, time.monotonic() - attempt.started)
+        _wake_waiters(operation)
+    _completed(attempt, outcome.status)
+
+
+def _release(attempt: Attempt, *, delete: bool) -> None:
+    """Give the key back: ``delete`` the record ("discard": nothing happened), or
+    leave it ``FAILED_RETRYABLE`` ("release"), for a retry of the same request."""
+    store, pk, token = attempt.operation.store, attempt.record.pk, attempt.owner_token
+    if delete:
+        if store.discard(pk, token):
+            _wake_waiters(attempt.operation)
+        return
+    window = retention_for(attempt.operation.name, Status.FAILED_RETRYABLE)
+    if store.release(pk, token, window):
+        _wake_waiters(attempt.operation)
+        _completed(attempt, Status.FAILED_RETRYABLE)
+
+
+def _completed(attempt: Attempt, status: Status) -> None:
+    signals.record_completed.send(
+        IdempotencyRecord, record=attempt.record, operation=attempt.operation, status=status
+    )
+
+
+def _wake_waiters(operation: Operation) -> None:
+    """Wake the duplicates waiting for this key's outcome, if any may wait."""
+    if operation.wait_for > 0:
+        operation.store.notify_waiters(operation.scope, operation.key)
+
+
+# --- repeats -------------------------------------------------------------------------------
+
+
+def _replay(
+    operation: Operation,
+    record: IdempotencyRecord | None,
+    replay: Replay[T],
+    *,
+    from_cache: bool = False,
+) -> T:
+    assert record is not None
+    if record.status not in REPLAYABLE:
+        raise in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+    replay_share.seen(operation.name, replayed=True)
+    if not from_cache and idempotency_settings.REPLAY_CACHE is not None:
+        replay_cache.remember(operation, record)
+    # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
+    signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
+    return replay(record)
+
+
+class ReplayShare:
+    """The share of replays among an operation's requests, in this process (READ_FIRST "auto").
+
+    An exponentially weighted mean over about the last ``1 / WEIGHT`` requests
+    of each operation. Reading first pays once replays are about a third of
+    the requests (``THRESHOLD``); below that first requests pay nothing.
+    Updated without a lock: a lost update only nudges a heuristic.
+    """
+
+    WEIGHT = 1 / 32
+    THRESHOLD = 1 / 3
+    # Operation names come from code, so they are few; a project that makes them
+    # up per request must not grow this dict without bound.
+    MAX_OPERATIONS = 1024
+
+    def __init__(self) -> None:
+        self._shares: dict[str, float] = {}
+
+    def seen(self, name: str, *, replayed: bool) -> None:
+        share = self._shares.get(name)
+        if share is None:
+            if len(self._shares) >= self.MAX_OPERATIONS:
+                self._shares = {}
+            share = 0.0
+        self._shares[name] = share + ((1.0 if replayed else 0.0) - share) * self.WEIGHT
+
+    def high(self, name: str) -> bool:
+        return self._shares.get(name, 0.0) >= self.THRESHOLD
+
+
+replay_share = ReplayShare()
+
+
+def _read_first(operation: Operation) -> IdempotencyRecord | None:
+    """Atomic mode: a final record of this very request, read before any transaction opens.
+
+    Saves a replay the claim's transaction (``BEGIN``, the claim, ``COMMIT``)
+    and costs a first request one read more; ``ReplayShare`` tells, per
+    operation, when that pays ("auto"). Only a ``SUCCEEDED`` or ``FAILED_FINAL``
+    record (they never change) whose request hash matches is answered from the
+    read; anything else takes the claim's path as without it, so the unique
+    constraint and the row lock still decide every first request and conflict.
+    """
+    policy = idempotency_settings.READ_FIRST
+    if policy == "never" or (policy == "auto" and not replay_share.high(operation.name)):
+        return None
+    record = operation.store.read_final(operation.scope, operation.key)
+    if record is None or record.request_hash != operation.request_hash:
+        return None
+    return record

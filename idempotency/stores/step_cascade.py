@@ -1,0 +1,51 @@
+"""The database's cascade from a record to its steps (``IdempotencyStep``): migration 0005.
+
+A foreign key ``ON DELETE CASCADE`` on PostgreSQL, MySQL and MariaDB; on SQLite,
+which cannot add a constraint to an existing table, a trigger after each delete of
+a record. The database, not the ORM, deletes the steps: the PostgreSQL purge is
+one raw ``DELETE``, and an ORM cascade would add a query to every discard.
+Both functions take the migration's ``apps`` (or the app registry) and a schema editor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+
+def _tables(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> tuple[str, str]:
+    quote = schema_editor.quote_name
+    records = apps.get_model("idempotency", "IdempotencyRecord")._meta.db_table
+    step_table = apps.get_model("idempotency", "IdempotencyStep")._meta.db_table
+    return quote(records), quote(step_table)
+
+
+def add_cascade(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    records, step_table = _tables(apps, schema_editor)
+    vendor = schema_editor.connection.vendor
+    if vendor == "sqlite":
+        schema_editor.execute(
+            f"CREATE TRIGGER IF NOT EXISTS idempotency_step_cascade AFTER DELETE ON {records} "
+            f"FOR EACH ROW BEGIN DELETE FROM {step_table} WHERE record_id = OLD.id; END"
+        )
+    elif vendor in ("postgresql", "mysql"):
+        schema_editor.execute(
+            f"ALTER TABLE {step_table} ADD CONSTRAINT idempotency_step_record_fk "
+            f"FOREIGN KEY (record_id) REFERENCES {records} (id) ON DELETE CASCADE"
+        )
+
+
+def drop_cascade(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    records, step_table = _tables(apps, schema_editor)
+    vendor = schema_editor.connection.vendor
+    if vendor == "sqlite":
+        schema_editor.execute("DROP TRIGGER IF EXISTS idempotency_step_cascade")
+    elif vendor == "postgresql":
+        schema_editor.execute(
+            f"ALTER TABLE {step_table} DROP CONSTRAINT IF EXISTS idempotency_step_record_fk"
+        )
+    elif vendor == "mysql":
+        schema_editor.execute(
+            f"ALTER TABLE {step_table} DROP FOREIGN KEY idempotency_step_record_fk"
+        )

@@ -1,0 +1,160 @@
+"""The MySQL/MariaDB store: the claim's lock wait, no deadlock among duplicates, purge batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from idempotency.exceptions import KeyInUse
+from idempotency.fingerprint import fingerprint
+from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import Outcome, StoredResponse
+from idempotency.protocol import Attempt, Operation
+from idempotency.protocol.execute import execute
+from idempotency.retention import purge
+from idempotency.stores import store_for
+from idempotency.stores.mysql import MySQLStore, lock_wait_seconds
+from tests.protocol.test_concurrency import THREADS, run_in_threads
+from tests.support.factories import IdempotencyRecordFactory
+
+HASH = fingerprint(["POST", "/things/", "{}"])
+DONE = Outcome(Status.SUCCEEDED, StoredResponse(201, [], b"made"))
+JOIN_TIMEOUT = 30.0
+
+
+def operation(**changes: Any) -> Operation:
+    base = Operation(scope="user:1:things", key="k-1", request_hash=HASH, name="things.create")
+    return replace(base, **changes)
+
+
+def run(op: Operation, work: Any = None, outcome: Outcome | None = DONE) -> str:
+    return execute(
+        op,
+        work or (lambda attempt: "ran"),
+        decide=lambda value, attempt: outcome,
+        replay=lambda record: "replayed",
+    )
+
+
+def session_lock_wait() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+        return int(cursor.fetchone()[0])
+
+
+def deadlocks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        return int(cursor.fetchone()[1])
+
+
+@pytest.mark.parametrize(("seconds", "whole"), [(0.3, 1), (1.0, 1), (2.0, 2), (2.01, 3), (0, 1)])
+def test_lock_wait_is_whole_seconds_rounded_up(seconds, whole):
+    assert lock_wait_seconds(seconds) == whole
+
+
+def test_no_lock_wait_is_zero_on_mariadb_only():
+    # MariaDB fails a lock wait at once with 0; MySQL's lowest value is 1.
+    assert lock_wait_seconds(0, mariadb=True) == 0
+    assert lock_wait_seconds(0.3, mariadb=True) == 1
+    assert lock_wait_seconds(0, mariadb=False) == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"), [(1205, "busy"), (3572, "busy"), (1213, "retry"), (1062, None)]
+)
+def test_what_an_error_means_for_the_claim(code, meaning):
+    assert MySQLStore("default").contention(OperationalError(code, "...")) == meaning
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+class TestOnMariaDB:
+    def test_the_store_of_a_mysql_alias(self):
+        assert type(store_for("default")) is MySQLStore
+
+    @pytest.mark.parametrize("mode", ["atomic", "lease"])
+    def test_the_work_runs_under_the_lock_wait_it_had_before(self, mode):
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 7")
+        seen: list[int] = []
+        run(
+            operation(mode=mode, lock_timeout=0.5), lambda attempt: seen.append(session_lock_wait())
+        )
+        assert seen == [7]
+        assert session_lock_wait() == 7
+
+    def test_a_duplicate_gives_up_after_the_bound_rounded_up_and_puts_it_back(self):
+        held, release = threading.Event(), threading.Event()
+
+        def first(attempt: Attempt) -> str:
+            held.set()
+            release.wait(JOIN_TIMEOUT)
+            return "ran"
+
+        owner = threading.Thread(target=lambda: (run(operation(), first), connection.close()))
+        owner.start()
+        try:
+            assert held.wait(JOIN_TIMEOUT)
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 9")
+            started = time.monotonic()
+            with pytest.raises(KeyInUse):
+                run(operation(lock_timeout=0.4))  # InnoDB waits whole seconds: one
+            waited = time.monotonic() - started
+            assert session_lock_wait() == 9
+            assert 0.9 <= waited < 4, waited  # the bound, plus a loaded machine's slack
+        finally:
+            release.set()
+            owner.join(JOIN_TIMEOUT)
+
+    @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "rolled-back"])
+    def test_concurrent_first_attempts_never_deadlock(self, recorded):
+        # Each attempt holds the key a moment; unrecorded ones roll back, and the
+        # duplicates queued behind them claim the key in turn. The shared-lock
+        # upgrade of INSERT IGNORE and the gap locks of a queued duplicate-key check
+        # made InnoDB kill some of them as deadlocks (1213).
+        before = deadlocks()
+        ran = []
+
+        def work(attempt: Attempt) -> str:
+            ran.append(attempt.owner_token)
+            threading.Event().wait(0.05)
+            return "ran"
+
+        outcome = DONE if recorded else None
+        results = run_in_threads(
+            THREADS, lambda i: run(operation(lock_timeout=20), work, outcome=outcome)
+        )
+        assert deadlocks() == before
+        if recorded:
+            assert sorted(results) == ["ran"] + ["replayed"] * (THREADS - 1)
+            assert len(ran) == 1
+        else:
+            assert results == ["ran"] * THREADS  # each ran in turn, nothing was recorded
+            assert not IdempotencyRecord.objects.exists()
+
+    def test_purge_locks_a_batch_then_deletes_it_by_primary_key(self):
+        now = timezone.now()
+        for minutes in range(5):
+            IdempotencyRecordFactory(
+                succeeded=True, expires_at=now - timedelta(minutes=10 - minutes)
+            )
+        with CaptureQueriesContext(connection) as queries:
+            assert purge(batch_size=2) == 5
+        statements = [query["sql"] for query in queries]
+        picks = [sql for sql in statements if "FOR UPDATE SKIP LOCKED" in sql]
+        deletes = [sql for sql in statements if sql.startswith("DELETE")]
+        assert len(picks) == 3 and len(deletes) == 3  # 2 + 2 + 1
+        assert all(" LIMIT 2 " in sql for sql in picks)
+        assert "`expires_at` >=" not in picks[0]
+        assert all("`expires_at` >=" in sql for sql in picks[1:])  # from where the last ended
+        assert all("`id` IN (" in sql and "SELECT" not in sql for sql in deletes)
