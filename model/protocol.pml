@@ -159,7 +159,7 @@ inline check_answer(st, r) {
  */
 #define CRASH (crashed < CRASHES) -> crashed++
 
-/* The claim's decision on the row it read (claim.py's _settle_claim). */
+/* The claim's decision on the row it read (idempotency/protocol/claim.py, _settle). */
 inline decide() {
 	if
 	:: status == ABSENT -> act = A_CLAIM
@@ -201,8 +201,8 @@ inline take() {
 }
 
 /*
- * A lost lease, settled under the row's lock by asking the resolver (recovery.py's
- * settle): done, not done, or unknown (postponed, NEEDS_REVIEW after MAX_RESOLVE).
+ * A lost lease, settled under the row's lock by asking the resolver (protocol/states.py's
+ * recover): done, not done, or unknown (postponed, NEEDS_REVIEW after MAX_RESOLVE).
  * Every answer but "unknown" hands the record a new owner token: the fence.
  */
 inline settle(out) {
