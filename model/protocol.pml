@@ -11,7 +11,9 @@
  *   spin -a [-DATOMIC] [-DFLAW_...] model/protocol.pml    (scripts/model-check.sh runs them all)
  *
  * Modes: lease mode by default; -DATOMIC for atomic mode (claim, effect and finish in
- * one database transaction).
+ * one database transaction); -DATOMIC -DWRITE_ONCE for atomic mode with IN_FLIGHT "run"
+ * (the work first, then the finished record inserted once, in the same transaction; a
+ * key held otherwise than by a live outcome falls back to the claim).
  *
  * Axioms: what the database guarantees, taken as given, not modelled further.
  *  A1 unique index: at most one row per (scope, idem_key). An INSERT that meets another
@@ -73,6 +75,8 @@ mtype:state = { ABSENT, PROCESSING, SUCCEEDED, FAILED_RETRYABLE, FAILED_FINAL, N
 
 #define SRC_claim    (B(ABSENT))
 #define DST_claim    (B(PROCESSING))
+#define SRC_write_once (B(ABSENT))
+#define DST_write_once (B(SUCCEEDED) | B(FAILED_FINAL))
 #define SRC_retry    (B(FAILED_RETRYABLE))
 #define DST_retry    (B(PROCESSING))
 #define SRC_replace  (B(SUCCEEDED) | B(FAILED_FINAL) | B(FAILED_RETRYABLE))
@@ -243,16 +247,63 @@ proctype client(byte me; byte TRIES) {
 	byte tries = 0, tok = 0, act = 0, crashed = 0;
 	mtype:state out = ABSENT;
 	bool phantom = false;
+	bool fallback = false;   /* write-once: the key is held otherwise, the claim decides */
 
 next:	/* an attempt: the first, or a retry after a crash, a lost response, a 409 or an error */
 	if
 	:: tries == TRIES -> goto done
 	:: tries < TRIES && CRASH; tries++; goto next            /* crashed before the claim */
 #ifdef ATOMIC
+#ifdef WRITE_ONCE
+	/* IN_FLIGHT "run": BEGIN; the work, its effect uncommitted (A3), no lock taken yet:
+	 * duplicates run theirs too. Then the finished record's INSERT, below. */
+	:: atomic { tries < TRIES && !fallback ->
+		tries++; tok = TOKEN(me, tries); phantom = false;
+		if
+		:: out = SUCCEEDED                              /* the business write */
+		:: out = FAILED_FINAL                           /* a business failure marked final */
+		:: goto next                                    /* an exception: all rolls back */
+		:: CRASH; goto next                             /* a crash during the work */
+		fi };
+		if
+		:: atomic { lock != 0 && lock != me -> goto next }  /* the insert's bounded wait ran out: 409 */
+		/* The INSERT: it waits while another transaction's uncommitted insert of the key
+		 * holds its entry (A1), then finds the key free or held. */
+		:: atomic { lock == 0 ->
+			if
+			:: status == ABSENT -> lock = me                 /* ours, uncommitted */
+			:: status != ABSENT && !expired && (status == SUCCEEDED || status == FAILED_FINAL) ->
+				/* A committed outcome holds the key: ours rolls back, its effect with it;
+				 * the answer is that outcome. */
+#ifdef FLAW_LOSER_COMMITS
+				if :: out == SUCCEEDED -> effects++ :: else -> skip fi;  /* seeded: commits anyway */
+#endif
+				check_answer(status, resp); goto done
+			:: else -> tries--; fallback = true; goto next   /* held otherwise: rolled back, the claim decides */
+			fi }
+		fi;
+		if
+		:: atomic { CRASH; lock = 0; goto next }           /* a crash before the COMMIT: nothing stays */
+		:: atomic {                                        /* COMMIT: the record and the effect, at once */
+			go(write_once, out); owner = tok; expired = false; rattempts = 0;
+			if
+			:: out == SUCCEEDED -> effects++; effect_of = tok; resp = tok
+			:: else -> resp = 0
+			fi;
+			check_answer(out, tok); lock = 0;
+			if
+			:: CRASH; goto next                            /* the response is lost */
+			:: goto done
+			fi }
+		fi
+#define CLAIMS fallback
+#else
+#define CLAIMS true
+#endif
 	/* BEGIN; the claim: INSERT relying on the unique index, or SELECT ... FOR UPDATE. The
 	 * transaction keeps the row's lock (or its uncommitted insert's entry) until it ends. */
-	:: atomic { tries < TRIES && lock == 0 ->
-		tries++; tok = TOKEN(me, tries); phantom = false; lock = me;
+	:: atomic { tries < TRIES && lock == 0 && CLAIMS ->
+		tries++; tok = TOKEN(me, tries); phantom = false; lock = me; fallback = false;
 		decide();
 		if
 		:: act == A_REPLAY -> check_answer(status, resp); lock = 0; goto done
@@ -266,7 +317,7 @@ next:	/* an attempt: the first, or a retry after a crash, a lost response, a 409
 		:: lock = 0; goto next                          /* an exception: all rolls back */
 		:: CRASH; lock = 0; goto next                   /* a crash after the claim or the effect */
 		fi }
-	:: tries < TRIES && lock != 0 -> tries++; goto next     /* the bounded lock wait ran out: 409 */
+	:: tries < TRIES && lock != 0 && CLAIMS -> tries++; fallback = false; goto next  /* the bounded lock wait ran out: 409 */
 #ifdef FLAW_NO_UNIQUE
 	/* Seeded flaw: check, then insert; without the index nothing waits for our row. */
 	:: atomic { tries < TRIES && status == ABSENT ->

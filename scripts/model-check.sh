@@ -88,6 +88,7 @@ in_parallel() {
 flaw() { # flaw FLAG MODE PROPERTY: the seeded flaw must make PROPERTY fail, with a trail
   local flag=$1 mode=$2 name=$3 spin_flags="-D$1" cc=("${SAFETY_CC[@]}") pan=()
   [ "$mode" = atomic ] && spin_flags="$spin_flags -DATOMIC"
+  [ "$mode" = once ] && spin_flags="$spin_flags -DATOMIC -DWRITE_ONCE"
   if [ "$name" = settles ]; then
     spin_flags="$spin_flags $LIVENESS"
     cc=("${LIVENESS_CC[@]}")
@@ -121,12 +122,18 @@ build lease "" "${SAFETY_CC[*]}"
 LIVENESS="-DLIVENESS -DCLIENTS=2 -DEXPIRIES=0"
 build lease-live "$LIVENESS" "${LIVENESS_CC[*]}"
 build atomic "-DATOMIC" "${SAFETY_CC[*]}"
+build once "-DATOMIC -DWRITE_ONCE" "${SAFETY_CC[*]}"
 in_parallel <<'RUNS'
 property atomic atomic one_effect
 property atomic atomic true_replays
 property atomic atomic fenced
 property atomic atomic purge_safe
 property atomic atomic all_or_nothing
+property once once one_effect
+property once once true_replays
+property once once fenced
+property once once purge_safe
+property once once all_or_nothing
 property lease lease one_effect
 property lease lease true_replays
 property lease lease fenced
@@ -137,6 +144,7 @@ RUNS
 echo "== seeded flaws (each must fail)"
 in_parallel <<'RUNS'
 flaw FLAW_NO_UNIQUE atomic one_effect
+flaw FLAW_LOSER_COMMITS once one_effect
 flaw FLAW_FINISH_OUTSIDE_TX atomic all_or_nothing
 flaw FLAW_NO_EXPIRY_AT_CLAIM atomic true_replays
 flaw FLAW_NO_FENCE lease fenced
