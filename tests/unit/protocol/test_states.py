@@ -75,6 +75,8 @@ def test_the_table_is_the_designs_state_machine():
     finished = {Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE}
     assert arrows == {
         (ABSENT, Status.PROCESSING),
+        (ABSENT, Status.SUCCEEDED),
+        (ABSENT, Status.FAILED_FINAL),
         (Status.FAILED_RETRYABLE, Status.PROCESSING),
         *((status, Status.PROCESSING) for status in finished if status != Status.FAILED_RETRYABLE),
         *((Status.PROCESSING, status) for status in (*finished, Status.NEEDS_REVIEW)),
