@@ -431,13 +431,17 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
         return super().has_delete_permission(request, obj)
 
     def delete_model(self, request: HttpRequest, obj: IdempotencyRecord) -> None:
-        super().delete_model(request, obj)
-        replay_cache.forget_records([obj])  # a deleted record is never replayed from the cache
+        self.delete_queryset(
+            request, IdempotencyRecord.objects.using(obj._state.db).filter(pk=obj.pk)
+        )
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         records = list(queryset.only("scope", "idem_key"))
+        # Its steps too: PostgreSQL's schema has no cascade for them (migration 0005).
+        steps = IdempotencyStep.objects.using(queryset.db)
+        steps.filter(record_id__in=[record.pk for record in records]).delete()
         super().delete_queryset(request, queryset)
-        replay_cache.forget_records(records)
+        replay_cache.forget_records(records)  # a deleted record is never replayed from the cache
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         opts = self.opts

@@ -1,9 +1,10 @@
 """The steps of calls to other idempotent APIs (``idempotency.steps``), deleted with their record.
 
-The foreign key is the database's own, with ``ON DELETE CASCADE`` (on SQLite,
-which cannot add one to a table, a trigger after each delete of a record): the
-PostgreSQL store purges with one raw ``DELETE``, and the ORM's cascade would add a
-query to every discard. A later migration that makes SQLite rebuild the records
+The database deletes a record's steps with it: a foreign key ``ON DELETE CASCADE``
+on MySQL and MariaDB, a trigger after each delete of a record on SQLite (which cannot
+add a constraint to a table), and on PostgreSQL the store's own statements, which
+delete a record's steps in the statement that deletes the record (a foreign key
+there checks every deleted record on its own: the purge took four times as long). A later migration that makes SQLite rebuild the records
 table drops the trigger with it, and must call ``add_cascade`` again
 (``idempotency.stores.step_cascade``, where the vendors' statements live).
 """

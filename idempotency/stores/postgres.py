@@ -200,6 +200,12 @@ class PostgresStore(PostgresNotifications):
             cursor.execute(self.sql.finish(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
+    def discard(self, pk: int, token: str) -> bool:
+        with self._cursor() as cursor:
+            cursor.execute(self.sql.discard, (pk, token))
+            (deleted,) = cursor.fetchone()
+        return bool(deleted)
+
     def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> Purged:
         """One statement: the database picks and deletes the rows, and says where it ended.
 

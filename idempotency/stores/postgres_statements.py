@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
 from idempotency.compat import sql_literal
-from idempotency.models import PURGEABLE, REPLAYABLE, IdempotencyRecord, Status
+from idempotency.models import PURGEABLE, REPLAYABLE, IdempotencyRecord, IdempotencyStep, Status
 
 # The text columns a request fills in; every other column of a new record starts
 # the same (its model default, prepared once) or from the database clock.
@@ -163,16 +163,43 @@ class PostgresStatements:
         count and last ``ordering``.
 
         The chosen ``ctid``s are one array (a CTE, computed once); ``ctid = ANY``
-        of it is a TID scan of exactly those rows.
+        of it is a TID scan of exactly those rows. The deleted records' steps go in
+        the same statement.
         """
         column = self._quote(field(ordering).column)
         purgeable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
+        pk = self.column("id")
         return (
             f"WITH picked AS MATERIALIZED (SELECT ARRAY({ctids}) AS ctids), "
             f"gone AS (DELETE FROM {self.table} "
             f"WHERE ctid = ANY((SELECT ctids FROM picked)::tid[]) "
-            f"AND {self.column('status')} IN ({purgeable}) RETURNING {column}) "
+            f"AND {self.column('status')} IN ({purgeable}) RETURNING {column}, {pk}), "
+            f"{self._steps_of('gone')} "
             f"SELECT (SELECT cardinality(ctids) FROM picked), count(*), max({column}) FROM gone"
+        )
+
+    @cached_property
+    def discard(self) -> str:
+        """The owner's discard of its record in flight, and the record's steps with it."""
+        pk = self.column("id")
+        return (
+            f"WITH gone AS (DELETE FROM {self.table} WHERE {pk} = %s "
+            f"AND {self.column('owner_token')} = %s "
+            f"AND {self.column('status')} = '{Status.PROCESSING.value}' RETURNING {pk}), "
+            f"{self._steps_of('gone')} SELECT count(*) FROM gone"
+        )
+
+    def _steps_of(self, deleted: str) -> str:
+        """A CTE that deletes the steps of the records the CTE ``deleted`` returned.
+
+        PostgreSQL has no foreign key from the steps to the records: its check of
+        every deleted record would cost the purge more than the delete itself.
+        """
+        steps = IdempotencyStep._meta
+        record_id = self._quote(steps.get_field("record").column)
+        return (
+            f"steps AS (DELETE FROM {self._quote(steps.db_table)} "
+            f"WHERE {record_id} IN (SELECT {self.column('id')} FROM {deleted}))"
         )
 
     def _compose_claim(self, leased: bool, expires: bool, lock_timeout: str) -> str:
