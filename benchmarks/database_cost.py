@@ -307,7 +307,11 @@ def _tps_table(result: floor.FloorResult, scripts: dict[str, str]) -> str:
         rows.append(
             f"| {name} | {sent[name]} | {simple:,.0f} | {prepared:,.0f} | {prepared / simple:.2f} |"
         )
-    rows += ["", "| ratio | simple | prepared |", "|---|---:|---:|"]
+    rows += [
+        "",
+        "| ratio (median of the rounds' ratios, lowest to highest) | simple | prepared |",
+        "|---|---:|---:|",
+    ]
     pairs = [
         ("protected / BEGIN; INSERT; COMMIT", floor.PROTECTED, floor.TRANSACTION),
         ("written once / BEGIN; INSERT; COMMIT", floor.WRITTEN_ONCE, floor.TRANSACTION),
@@ -318,10 +322,14 @@ def _tps_table(result: floor.FloorResult, scripts: dict[str, str]) -> str:
     ]
     for label, top, bottom in pairs:
         cells = [
-            result.median(floor.measurement(top, p)) / result.median(floor.measurement(bottom, p))
+            result.paired(floor.measurement(top, p), floor.measurement(bottom, p))
             for p in floor.PROTOCOLS
         ]
-        rows.append(f"| {label} | {cells[0]:.2f}x | {cells[1]:.2f}x |")
+        rows.append(
+            f"| {label} | "
+            + " | ".join(f"{mid:.2f}x ({low:.2f} to {high:.2f})" for mid, low, high in cells)
+            + " |"
+        )
     return "\n".join(rows)
 
 

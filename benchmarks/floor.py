@@ -48,6 +48,18 @@ class FloorResult:
     def median(self, name: str) -> float:
         return statistics.median(self.tps[name]) if self.tps.get(name) else float("nan")
 
+    def paired(self, top: str, bottom: str) -> tuple[float, float, float]:
+        """The median of ``top``'s tx/s over ``bottom``'s per round, and the lowest and highest.
+
+        The two ran seconds apart in one round: on a shared machine a ratio per
+        round cancels the neighbours' drift that a ratio of medians keeps.
+        """
+        rounds = zip(self.tps.get(top, []), self.tps.get(bottom, []), strict=True)
+        ratios = [a / b for a, b in rounds if b]
+        if not ratios:
+            return float("nan"), float("nan"), float("nan")
+        return statistics.median(ratios), min(ratios), max(ratios)
+
 
 def measure(
     database: Database,
