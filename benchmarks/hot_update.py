@@ -103,7 +103,7 @@ def _index_definitions() -> dict[str, str]:
 def _measure(
     configuration: Configuration, definitions: dict[str, str], records: int, creates: int
 ) -> Measured:
-    bulk.execute(f"TRUNCATE {TABLE}")
+    bulk.execute(f"TRUNCATE {TABLE} CASCADE")  # its steps reference it
     for name, definition in definitions.items():
         bulk.execute(f'DROP INDEX IF EXISTS "{name}"')
         if not configuration.drop_touched:

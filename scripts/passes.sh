@@ -10,6 +10,8 @@
 # lint               -                                    ruff check, ruff format --check
 # mypy               -                                    mypy (django-stubs)
 # docs               -                                    mkdocs build --strict
+# model              -                                    scripts/model-check.sh: Spin verifies the
+#                                                         protocol model and catches its seeded flaws
 # sqlite             SQLite (DATABASE_URL unset)          pytest -m "not postgres and not mariadb and not server_db"
 # postgres           PG_DATABASE_URL                      pytest -m "$PG_TESTS"
 # postgres-prepared  PG_DATABASE_URL, PREPARED_STATEMENTS pytest -m "$PG_TESTS and not benchmarks" (psycopg's
@@ -44,7 +46,7 @@ PGBOUNCER_TESTS="tests/deployment/test_pgbouncer.py tests/deployment/test_pgboun
   tests/protocol/test_concurrency.py tests/protocol/test_lease.py tests/protocol/test_waiting.py
   tests/unit/stores/test_postgres.py tests/example/test_http.py tests/example/test_ninja_http.py
   tests/protocol/test_async.py tests/protocol/test_celery.py"
-CI="lint mypy docs sqlite postgres postgres-prepared mariadb pgbouncer replica topology
+CI="lint mypy docs model sqlite postgres postgres-prepared mariadb pgbouncer replica topology
   tenants ninja-releases package"
 
 versions() {
@@ -67,6 +69,10 @@ run_pass() {
     docs)
       echo "== docs build"
       "$PY" -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+      ;;
+    model)
+      echo "== the protocol model, checked by Spin (docs/trust.md)"
+      bash scripts/model-check.sh
       ;;
     sqlite)
       echo "== tests on SQLite, $(versions)"

@@ -6,11 +6,12 @@
 #            extra) is built against;
 #   pgbouncer: Debian's PgBouncer, for the pass through a pooler in transaction mode
 #            (scripts/pgbouncer.sh runs a private one; the system service stays off);
-#   valgrind: callgrind, for benchmarks/instructions.py (its smoke test runs in the suite).
-# Usage: system-deps.sh [browser] [mysql] [pgbouncer] [valgrind]   (no argument: all four)
+#   valgrind: callgrind, for benchmarks/instructions.py (its smoke test runs in the suite);
+#   spin:    the Spin model checker, for scripts/model-check.sh (it compiles with gcc).
+# Usage: system-deps.sh [browser] [mysql] [pgbouncer] [valgrind] [spin]   (no argument: all five)
 set -euo pipefail
 missing=()
-for need in "${@:-browser mysql pgbouncer valgrind}"; do
+for need in "${@:-browser mysql pgbouncer valgrind spin}"; do
   for name in $need; do
     case "$name" in
       browser)
@@ -26,6 +27,10 @@ for need in "${@:-browser mysql pgbouncer valgrind}"; do
         ;;
       valgrind)
         command -v valgrind >/dev/null || missing+=(valgrind)
+        ;;
+      spin)
+        command -v spin >/dev/null || missing+=(spin)
+        command -v gcc >/dev/null || missing+=(gcc)
         ;;
       *) echo "unknown system dependency group $name" >&2; exit 2 ;;
     esac

@@ -2,14 +2,13 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.db import connection
 
-from tests.processes import process_env, python, start, stop
+from tests.support.processes import process_env, python, start, stop
 
 BROKER = os.environ.get("IDEMPOTENCY_TEST_BROKER", "redis://127.0.0.1:6379/9")
 
@@ -43,19 +42,25 @@ def _database_markers_need_their_database(request):
             pytest.fail(f"this test needs {advice}")
 
 
-@pytest.fixture
-def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """Start ``celery worker`` against this test's database, on a queue of its own."""
-    started: list[tuple[subprocess.Popen, Path]] = []
+class Workers:
+    """``celery worker`` processes against this test's database, each on a queue of its own.
 
-    def launch(*extra: str, **env: str) -> str:
+    Called, it starts one and returns its queue; ``process(queue)`` is that worker's
+    process, for a test that kills it (it runs tasks itself: ``--pool=solo``).
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def __call__(self, *extra: str, **env: str) -> str:
         queue = f"idempotency-tests-{uuid.uuid4().hex[:8]}"
-        log = tmp_path / f"worker-{len(started)}.log"
+        log = self.tmp_path / f"worker-{len(self.started)}.log"
         command = python(
             "-m",
             "celery",
             "-A",
-            "tests.celery_app",
+            "tests.support.celery_app",
             "worker",
             "--pool=solo",
             "--without-gossip",
@@ -71,7 +76,7 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             IDEMPOTENCY_TEST_BROKER=BROKER, IDEMPOTENCY_TEST_QUEUE=queue, **env
         )
         process = start(command, environment, log=log)
-        started.append((process, log))
+        self.started[queue] = (process, log)
         # Until it has bound its queue: a task sent before that has no route and is lost.
         deadline = time.monotonic() + 60
         while " ready." not in log.read_text(errors="replace"):
@@ -80,10 +85,21 @@ def worker(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             time.sleep(0.1)
         return queue
 
-    yield launch
-    for process, log in started:
-        stop(process)
-        print(log.read_text())  # shown by pytest when the test failed
+    def process(self, queue: str) -> subprocess.Popen:
+        return self.started[queue][0]
+
+    def stop_all(self) -> None:
+        for process, log in self.started.values():
+            stop(process)
+            print(log.read_text())  # shown by pytest when the test failed
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[Workers]:
+    """Start ``celery worker`` against this test's database, on a queue of its own."""
+    workers = Workers(tmp_path)
+    yield workers
+    workers.stop_all()
 
 
 @pytest.fixture(autouse=True)

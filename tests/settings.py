@@ -9,7 +9,7 @@ DEBUG = False
 # tests/protocol/test_async.py serves over HTTP.
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 USE_TZ = True
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -70,7 +70,7 @@ if os.environ.get("REPLICA_URL"):
     # primary's, streamed (MIRROR), not one of its own.
     DATABASES["replica"] = env.db("REPLICA_URL")
     DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
-    DATABASE_ROUTERS = ["tests.routers.PrimaryReplicaRouter"]
+    DATABASE_ROUTERS = ["tests.support.routers.PrimaryReplicaRouter"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # Full Unicode, the session clock in UTC like the stored datetimes, and Django's
     # default isolation level said out loud (docs/databases.md).

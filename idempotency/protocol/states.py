@@ -82,6 +82,15 @@ MOVES: dict[str, Move] = {
             "idempotency.protocol.claim.claim",
         ),
         _move(
+            "write_once",
+            "request",
+            {ABSENT},
+            {SUCCEEDED, FAILED_FINAL},
+            "the unique (scope, idem_key) index, waited on; in the work's transaction "
+            "(IN_FLIGHT run, atomic mode)",
+            _STORE + "insert_finished",
+        ),
+        _move(
             "retry",
             "request",
             {FAILED_RETRYABLE},

@@ -19,11 +19,11 @@ from django.test import Client, override_settings
 from idempotency.exceptions import CrossDatabaseWrite
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.tasks import purge_expired_records, recover_expired_leases
-from tests import output
 from tests.deployment.support import together
 from tests.deployment.tenancy import TENANTS, tenant
-from tests.factories import IdempotencyRecordFactory
-from tests.output import timeless
+from tests.support import output
+from tests.support.factories import IdempotencyRecordFactory
+from tests.support.output import timeless
 from tests.testapp.models import Order
 
 pytestmark = [

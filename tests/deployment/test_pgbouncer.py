@@ -54,7 +54,7 @@ def behind_pgbouncer() -> None:
 
 @pytest.fixture
 def alice() -> Any:
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     return UserFactory(username="alice")
 

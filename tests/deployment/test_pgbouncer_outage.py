@@ -24,7 +24,6 @@ from django.db import DatabaseError, connection, transaction
 
 from idempotency.stores.errors import is_outage
 from tests.deployment.test_pgbouncer import behind_pgbouncer  # noqa: F401  (autouse)
-from tests.example_server import Server, example_project, gunicorn, server_connection
 from tests.protocol.test_outage_http import (
     Load,
     _counts,
@@ -32,6 +31,7 @@ from tests.protocol.test_outage_http import (
     kill_app_connections,
     retry_every_key,
 )
+from tests.support.example_server import Server, example_project, gunicorn, server_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 

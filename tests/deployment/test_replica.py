@@ -2,7 +2,7 @@
 
 scripts/replica.sh starts a private primary and a hot standby of it that applies
 each commit a few seconds late; tests/settings.py adds the standby as ``replica``
-and tests/routers.py sends every read of the records (and of the orders) there.
+and tests/support/routers.py sends every read of the records (and of the orders) there.
 A protocol that read a record from the replica would see a key as free that the
 primary holds, replay nothing where an outcome is recorded, recover or purge
 what is not there yet, and fail to write where the router put the record.
@@ -29,8 +29,8 @@ from idempotency.protocol.states import transition
 from idempotency.recovery import recover_expired, resolve_record
 from idempotency.retention import purge
 from idempotency.stores import records_database
-from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.protocol.test_concurrency import post_order, run_in_threads
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 from tests.unit.test_admin import act, changelist, listed, logged_in, notes, staff
 

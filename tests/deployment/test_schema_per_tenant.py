@@ -26,10 +26,10 @@ from django.test import Client, override_settings
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.stores.postgres_waiting import channel
 from idempotency.tasks import purge_expired_records, recover_expired_leases
-from tests import output
 from tests.deployment.support import together
-from tests.factories import IdempotencyRecordFactory
-from tests.output import timeless
+from tests.support import output
+from tests.support.factories import IdempotencyRecordFactory
+from tests.support.output import timeless
 
 pytestmark = [
     pytest.mark.postgres,

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from idempotency.beat import PURGE_TASK, RECOVER_TASK
-from tests.celery_app import app
-from tests.example_server import Server, _manage, example_project, gunicorn_instance
-from tests.processes import database_url
-from tests.servers import Reply
+from tests.support.celery_app import app
+from tests.support.example_server import Server, _manage, example_project, gunicorn_instance
+from tests.support.processes import database_url
+from tests.support.servers import Reply
 
 pytestmark = [pytest.mark.postgres, pytest.mark.topology, pytest.mark.celery]
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from idempotency.models import IdempotencyRecord, Status
-from tests.processes import process_env, python
-from tests.servers import ORDER, AsgiServer, Reply, send, uvicorn
+from tests.support.processes import process_env, python
+from tests.support.servers import ORDER, AsgiServer, Reply, send, uvicorn
 from tests.testapp.models import Order
 
 SETTINGS = "tests.nodrf.settings"

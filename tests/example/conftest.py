@@ -1,7 +1,7 @@
 """What the example project's tests share: its URLconf, its webhook secret, its demo user.
 
 The servers of the HTTP tests run in processes of their own; in this process the test
-client and ``reverse`` see the example project's URLs, not those of ``tests/urls.py``.
+client and ``reverse`` see the example project's URLs, not those of ``tests/support/urls.py``.
 """
 
 from __future__ import annotations

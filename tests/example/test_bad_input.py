@@ -111,7 +111,7 @@ def test_the_depth_bound_is_a_setting(alice):
     assert "400 levels" in response.json()["detail"]
 
 
-@override_settings(ROOT_URLCONF="tests.urls")
+@override_settings(ROOT_URLCONF="tests.support.urls")
 @pytest.mark.parametrize("depth", [300, 100_000])
 def test_deeply_nested_json_at_a_plain_django_view(alice, depth):
     client = Client()
@@ -155,7 +155,7 @@ def test_invalid_utf8_is_a_400_problem_and_the_key_stays_free(alice, endpoint, b
     assert effects() == before + 1
 
 
-@override_settings(ROOT_URLCONF="tests.urls")
+@override_settings(ROOT_URLCONF="tests.support.urls")
 @pytest.mark.parametrize("bad", BAD_BYTES)
 def test_invalid_utf8_at_a_plain_django_view(alice, bad):
     client = Client()

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.example_server import USERS, Server, example_project, gunicorn, orders_held
+from tests.support.example_server import USERS, Server, example_project, gunicorn, orders_held
 
 pytestmark = pytest.mark.postgres  # the example server on the primary database; LOCK TABLE
 

@@ -1,7 +1,7 @@
 """The example project under gunicorn (several worker processes) on PostgreSQL or MariaDB,
 over real HTTP.
 
-``tests/example_server.py`` creates its database and serves it; the tests talk to
+``tests/support/example_server.py`` creates its database and serves it; the tests talk to
 it with urllib from many threads, as a client would.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.example_server import Server, example_project, gunicorn, in_parallel
-from tests.servers import Reply
+from tests.support.example_server import Server, example_project, gunicorn, in_parallel
+from tests.support.servers import Reply
 
 pytestmark = pytest.mark.server_db
 

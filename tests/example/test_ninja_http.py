@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
-from tests.example_server import Server, example_project, gunicorn, in_parallel, uvicorn
+from tests.support.example_server import Server, example_project, gunicorn, in_parallel, uvicorn
 
 pytestmark = pytest.mark.server_db
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.processes import ROOT, python, start, stop
-from tests.servers import free_port, wait_until_up
+from tests.support.processes import ROOT, python, start, stop
+from tests.support.servers import free_port, wait_until_up
 
 README = ROOT / "README.md"
 DEMO_USER = (

@@ -28,8 +28,8 @@ from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.recovery import recover_expired
 from idempotency.resolvers import resolver_for
-from tests.example_server import collect_static
-from tests.processes import process_env, python, start, stop
+from tests.support.example_server import collect_static
+from tests.support.processes import process_env, python, start, stop
 
 pytestmark = pytest.mark.django_db
 

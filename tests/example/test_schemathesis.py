@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.example_server import USERS, Server, example_project, gunicorn
+from tests.support.example_server import USERS, Server, example_project, gunicorn
 
 pytestmark = pytest.mark.postgres  # schemathesis once, on the primary database
 

@@ -18,8 +18,8 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
-from tests.servers import ORDER, AsgiServer, send, uvicorn
+from tests.support.factories import UserFactory
+from tests.support.servers import ORDER, AsgiServer, send, uvicorn
 from tests.testapp.async_views import AsyncOrderView, async_order
 from tests.testapp.models import Order
 

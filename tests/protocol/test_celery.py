@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 import re
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from celery import Celery
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency import KeyInUse, KeyReused
+from idempotency import KeyInUse, KeyReused, resolvers
 from idempotency.celery import IdempotentTask
-from idempotency.models import IdempotencyRecord, Status
-from tests.celery_app import app
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
+from idempotency.outcomes import StoredResponse
+from idempotency.recovery import recover_expired
+from idempotency.resolvers import Resolution
+from idempotency.steps import NotInAttempt, key_for_record
+from tests.support.celery_app import app
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.fake_provider import FakeProvider
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
 from tests.testapp.tasks import (
+    HANG_AFTER_CHARGE,
+    STEP_LEASE_SECONDS,
     capture_payment,
+    charge_order,
     place_order,
     place_order_atomic,
     place_order_impatiently,
     place_order_through_an_outage,
+    whose_attempt,
 )
 
 
@@ -134,6 +146,17 @@ def test_a_database_outage_is_retried_and_makes_one_order():
     assert result.state == "SUCCESS", result.result
     assert result.get() == {"order": Order.objects.get().pk, "quantity": 1, "retries": 1}
     assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)  # the step's seed is committed before its key
+def test_a_bound_tasks_idempotency_is_its_running_attempt():
+    seen = whose_attempt.apply(kwargs={"ref": "r-1"}).get()
+    record = IdempotencyRecord.objects.get()
+    assert seen["is_current"] and seen["owns_the_record"]
+    assert (seen["record"], seen["key"]) == (record.pk, "r-1")
+    assert seen["step_key"] == key_for_record(record, "charge")
+    with pytest.raises(NotInAttempt):
+        whose_attempt.idempotency  # noqa: B018 - outside a run there is no attempt
 
 
 def test_expected_failures_keep_the_reused_key():
@@ -301,3 +324,112 @@ def test_the_docs_example_called_with_delay_runs_once(queue, monkeypatch):
     assert again.get(timeout=60) == first.get()
     assert Order.objects.count() == 1
     assert IdempotencyRecord.objects.get().idem_key == "ORD-1"
+
+
+# -- steps: the worker SIGKILLed after the provider answered -------------------------------
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with FakeProvider() as running:
+        yield running
+
+
+@pytest.fixture
+def task_resolver() -> Iterator[None]:
+    # A test that names another resolver for charge_order in this process puts the task's
+    # own back afterwards (the workers have their own, from the task).
+    before = resolvers._registry.get(charge_order.name)
+    yield
+    if before is not None:
+        resolvers.register(charge_order.name, before)
+
+
+def _charge(queue: str, provider: FakeProvider, order: str, *, recorded: bool) -> Any:
+    return app.send_task(
+        charge_order.name,
+        kwargs={"provider": provider.url, "order": order, "amount": 500, "recorded": recorded},
+        queue=queue,
+    )
+
+
+def _kill_after_charge(
+    worker: Any, tmp_path: Path, provider: FakeProvider, order: str, *, recorded: bool
+) -> None:
+    """Run ``charge_order`` on a worker SIGKILLed once the charge is in hand (and recorded)."""
+    queue = worker(**{HANG_AFTER_CHARGE: "1"})
+    _charge(queue, provider, order, recorded=recorded)
+    deadline = time.monotonic() + 30
+    log = tmp_path / "worker-0.log"
+    while f"charged {order}" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.05)
+    process = worker.process(queue)
+    process.send_signal(signal.SIGKILL)  # no finish, no release, no ack: a lost machine
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    assert len(provider.charges) == len(provider.calls) == 1
+    record = IdempotencyRecord.objects.get(idem_key=order)
+    assert record.status == Status.PROCESSING  # as the killed worker left it
+    assert IdempotencyStep.objects.filter(record=record, name="charge").exists() == recorded
+
+
+def _the_lease_ends() -> None:
+    time.sleep(STEP_LEASE_SECONDS + 0.2)
+
+
+@through_a_worker
+@pytest.mark.parametrize("recorded", [False, True], ids=["keyed", "recorded"])
+@pytest.mark.parametrize("released_by", ["recovery", "the lease's end"])
+def test_a_worker_killed_after_the_charge_charges_once(
+    worker, tmp_path, provider, recorded, released_by
+):
+    _kill_after_charge(worker, tmp_path, provider, "order-1", recorded=recorded)
+    _the_lease_ends()
+    if released_by == "recovery":
+        # The task's resolver (run_again): the record is released for a retry.
+        assert recover_expired().released == 1
+        assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
+    # Otherwise the retry itself finds the lease run out, asks the same resolver in the
+    # fresh worker, and takes the record over.
+
+    retried = _charge(worker(), provider, "order-1", recorded=recorded)
+    assert retried.get(timeout=60) == "ch_1"
+    assert len(provider.charges) == 1  # one charge for the request
+    if recorded:
+        assert len(provider.calls) == 1  # the retry took the recorded charge, no call
+    else:
+        assert len(provider.calls) == 2  # called again, with the same key: answered, not charged
+        assert provider.calls[0] == provider.calls[1]
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.attempts) == (Status.SUCCEEDED, 2)
+
+    another = _charge(worker(), provider, "order-2", recorded=recorded)  # another request
+    assert another.get(timeout=60) == "ch_2"
+    assert len(provider.charges) == 2 and provider.calls[-1] != provider.calls[0]
+
+
+@through_a_worker
+def test_a_resolver_asking_the_provider_by_the_step_key_settles_the_killed_run(
+    worker, tmp_path, provider, task_resolver
+):
+    _kill_after_charge(worker, tmp_path, provider, "order-3", recorded=False)
+
+    def ask_the_provider(record: IdempotencyRecord) -> Resolution:
+        key = key_for_record(record, "charge")
+        if key is None:
+            return Resolution.not_done()  # never keyed: nothing was sent
+        found = httpx.get(f"{provider.url}/charges", params={"idempotency_key": key})
+        if found.status_code == 404:
+            return Resolution.not_done()
+        charge_id = found.json()["id"]
+        body = f'"{charge_id}"'.encode()  # the task's result, as JSON
+        return Resolution.done(charge_id, StoredResponse(200, [], body))
+
+    resolvers.register(charge_order.name, ask_the_provider)
+    _the_lease_ends()
+    assert recover_expired().succeeded == 1
+    assert IdempotencyRecord.objects.get().resource_id == "ch_1"
+
+    again = _charge(worker(), provider, "order-3", recorded=False)
+    assert again.get(timeout=60) == "ch_1"  # the recorded result: the task did not run
+    assert len(provider.charges) == len(provider.calls) == 1

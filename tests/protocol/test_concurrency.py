@@ -16,7 +16,7 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 

@@ -22,7 +22,7 @@ from django.db import connection
 
 from idempotency import idempotent_function
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

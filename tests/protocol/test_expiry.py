@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
 from tests.protocol.test_concurrency import ORDER, Answer, post_order, run_in_threads
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 THREADS = 12

@@ -26,8 +26,6 @@ from idempotency.celery import IdempotentTask
 from idempotency.exceptions import KeyInUse
 from idempotency.http import IdempotencyOptions, build_operation
 from idempotency.ninja import idempotent as ninja_idempotent
-from tests.example_server import Server, example_project, gunicorn, orders_held
-from tests.factories import UserFactory
 from tests.protocol.test_concurrency import (
     JOIN_TIMEOUT,
     ORDER,
@@ -39,7 +37,9 @@ from tests.protocol.test_concurrency import (
     post_order,
     run_in_threads,
 )
-from tests.servers import Reply
+from tests.support.example_server import Server, example_project, gunicorn, orders_held
+from tests.support.factories import UserFactory
+from tests.support.servers import Reply
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 

@@ -26,7 +26,7 @@ from idempotency.protocol import Attempt, Operation
 from idempotency.protocol import claim as waiting
 from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution, register, resolver_for
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.lease_views import (
     CLASS_OPERATION,
     LEASE_OPERATION,

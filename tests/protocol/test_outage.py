@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import override_settings
 
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]

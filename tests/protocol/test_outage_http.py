@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.example_server import (
+from tests.support.example_server import (
     Server,
     example_project,
     gunicorn,
     prepare_example,
     server_connection,
 )
-from tests.servers import Reply, free_port
+from tests.support.servers import Reply, free_port
 
 ENDPOINTS = ("/api/orders/", "/ninja/orders", "/ninja/async/orders")
 CLIENTS = 8

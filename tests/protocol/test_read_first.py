@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.protocol import execute as core  # the module
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.unit.protocol.test_execute import OTHER_HASH, Business, operation
 
 pytestmark = pytest.mark.django_db

@@ -21,9 +21,9 @@ from idempotency.protocol import Operation
 from idempotency.protocol.execute import execute
 from idempotency.recovery import RecoveryReport, recover_expired, resolve_record
 from idempotency.resolvers import Resolution, register
-from tests import lease_worker
-from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.processes import process_env, python, start, stop
+from tests.support import lease_worker
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.processes import process_env, python, start, stop
 from tests.testapp.lease_views import sku_for
 from tests.testapp.models import Order
 
@@ -331,7 +331,7 @@ class TestKilledProcess:
     def kill_mid_work(self, user_id: int, key: str, *, effect_first: bool) -> IdempotencyRecord:
         effect = "effect-first" if effect_first else "effect-last"
         process = start(
-            python("-m", "tests.lease_worker", str(user_id), key, effect), process_env()
+            python("-m", "tests.support.lease_worker", str(user_id), key, effect), process_env()
         )
         try:
             assert process.stdout is not None

@@ -27,7 +27,7 @@ from idempotency.protocol import Operation
 from idempotency.protocol.execute import execute
 from idempotency.protocol.states import transition
 from idempotency.retention import purge
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

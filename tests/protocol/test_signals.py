@@ -19,7 +19,7 @@ from idempotency.protocol.execute import execute
 from idempotency.recovery import resolve_record
 from idempotency.resolvers import Resolution
 from idempotency.retention import purge
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

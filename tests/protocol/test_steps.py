@@ -16,6 +16,7 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from idempotency import resolvers
 from idempotency.exceptions import LeaseLost
@@ -28,9 +29,11 @@ from idempotency.recovery import recover_expired
 from idempotency.resolvers import Resolution, register
 from idempotency.retention import purge
 from idempotency.steps import NotInAttempt, StepNotRecorded, current, derive, key_for_record
-from tests import step_work, step_worker
-from tests.fake_provider import FakeProvider
-from tests.processes import process_env, python, start, stop
+from tests.support import step_work, step_worker
+from tests.support.factories import UserFactory
+from tests.support.fake_provider import FakeProvider
+from tests.support.processes import process_env, python, start, stop
+from tests.testapp import lease_views
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -194,6 +197,48 @@ class TestStepKeys:
         assert key_for_record(unkeyed, "charge") is None  # never keyed: never sent
 
 
+class TestAViewsStepKey:
+    """``request.idempotency.step_key`` of a protected lease-mode view, through DRF's client."""
+
+    URL = "/lease/step-key/"
+
+    @pytest.fixture
+    def client(self) -> Iterator[APIClient]:
+        lease_views.handed_out.clear()
+        api = APIClient()
+        api.force_authenticate(UserFactory())
+        # A failed attempt answers 500 here, as in production, instead of raising in the test.
+        api.raise_request_exception = False
+        yield api
+        lease_views.handed_out.clear()
+
+    def post(self, client: APIClient, key: str, body: Any, **headers: str) -> Any:
+        return client.post(self.URL, body, format="json", HTTP_IDEMPOTENCY_KEY=key, **headers)
+
+    def test_the_same_on_the_retry_after_a_failed_attempt(self, client):
+        failed = self.post(client, "order-1", {"amount": 500}, HTTP_X_FAIL="1")
+        assert failed.status_code == 500
+        assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
+        retried = self.post(client, "order-1", {"amount": 500})
+        assert retried.status_code == 201
+        (first, second) = lease_views.handed_out
+        assert retried.json() == {"charge_key": first} and second == first
+        assert IdempotencyRecord.objects.get().attempts == 2
+        replayed = self.post(client, "order-1", {"amount": 500})  # done: not run again
+        assert replayed.json() == {"charge_key": first}
+        assert len(lease_views.handed_out) == 2
+
+    def test_different_for_another_request(self, client):
+        first = self.post(client, "order-1", {"amount": 500}).json()["charge_key"]
+        other = self.post(client, "order-2", {"amount": 500}).json()["charge_key"]
+        assert re.fullmatch(r"idem_[0-9a-f]{64}", other)
+        assert other != first
+        someone_else = APIClient()  # the same client key under another user's scope
+        someone_else.force_authenticate(UserFactory())
+        theirs = self.post(someone_else, "order-1", {"amount": 500}).json()["charge_key"]
+        assert theirs not in (first, other)
+
+
 class TestRecordedSteps:
     def test_a_recorded_step_is_not_run_again_by_a_later_attempt(self):
         op = operation()
@@ -306,7 +351,7 @@ class TestKilledWorker:
 
     def kill_after_charge(self, provider: FakeProvider, order: str, *, recorded: bool) -> None:
         mode = "recorded" if recorded else "keyed"
-        command = python("-m", "tests.step_worker", provider.url, order, "500", mode)
+        command = python("-m", "tests.support.step_worker", provider.url, order, "500", mode)
         process = start(command, process_env())
         try:
             assert process.stdout is not None

@@ -10,8 +10,8 @@ import pytest
 
 from idempotency.beat import IDEMPOTENCY_BEAT_SCHEDULE, PURGE_TASK, RECOVER_TASK, beat_schedule
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.processes import process_env, python
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.processes import process_env, python
 from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
 
@@ -44,7 +44,7 @@ def test_importing_idempotency_does_not_need_celery():
 
 
 def test_beat_schedule_names_the_tasks():
-    from tests.celery_app import app
+    from tests.support.celery_app import app
 
     app.loader.import_default_modules()
     tasks = {entry["task"] for entry in IDEMPOTENCY_BEAT_SCHEDULE.values()}
@@ -71,7 +71,7 @@ def test_tasks_call_the_services():
 
 
 def send(task: str, queue: str, **kwargs: Any) -> Any:
-    from tests.celery_app import app
+    from tests.support.celery_app import app
 
     return app.send_task(task, kwargs=kwargs, queue=queue).get(timeout=30)
 

@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection
 
 from idempotency import idempotent_function
-from tests.factories import UserFactory
 from tests.protocol.test_outage import ADAPTERS
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -31,7 +31,7 @@ from idempotency.protocol import claim as waiting
 from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution
 from idempotency.stores import GenericStore, store_for
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
 

@@ -19,8 +19,8 @@ from idempotency.exceptions import KeyReused
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.protocol import Operation
 from idempotency.protocol import execute as core  # the module
-from tests.factories import UserFactory
 from tests.protocol.test_concurrency import run_in_threads
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 from tests.unit.protocol.test_execute import OTHER_HASH, Business, existing, operation
 

@@ -28,6 +28,11 @@ from .models import Order
 LEASE_OPERATION = "tests.lease_order"
 CLASS_OPERATION = "tests.lease_class_order"
 WAITING_OPERATION = "tests.waiting_lease_order"
+STEP_OPERATION = "tests.lease_step_key"
+
+# Each step key step_key_view handed out, in order: a failed attempt never answers with its
+# key, and the test compares what the view got, not a derivation of its own.
+handed_out: list[str] = []
 
 
 def sku_for(key: str) -> str:
@@ -80,6 +85,17 @@ def _order(request: Request) -> Response:
     return Response({"id": order.pk}, status=201)
 
 
+@api_view(["POST"])
+@idempotent(operation=STEP_OPERATION, mode="lease", lease_seconds=30)
+def step_key_view(request: Request) -> Response:
+    """Takes the step key a provider call would send; X-Fail fails the attempt after that."""
+    key = request.idempotency.step_key("charge")  # type: ignore[attr-defined]
+    handed_out.append(key)
+    if request.headers.get("X-Fail"):
+        raise RuntimeError("the worker failed after the provider answered")
+    return Response({"charge_key": key}, status=201)
+
+
 class OrderSerializer(serializers.ModelSerializer):
     class Meta:
         model = Order
@@ -104,4 +120,5 @@ urlpatterns = [
     path("orders/", lease_order),
     path("waiting-orders/", waiting_lease_order),
     path("class-orders/", LeaseOrderCreateView.as_view()),
+    path("step-key/", step_key_view),
 ]

@@ -1,4 +1,4 @@
-"""A ninja API with protected operations, served by ``tests/ninja_urls.py``."""
+"""A ninja API with protected operations, served by ``tests/support/ninja_urls.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Views that only the schema tests serve (``tests/spectacular_urls.py``); never called."""
+"""Views that only the schema tests serve (``tests/support/spectacular_urls.py``); never called."""
 
 from __future__ import annotations
 

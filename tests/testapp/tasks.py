@@ -1,17 +1,24 @@
 """Idempotent Celery tasks for tests/protocol/test_celery.py.
 
 The effect is an ``Order`` whose ``sku`` carries the key; ``seconds`` keeps the
-first run busy so that a duplicate arrives while it holds the key.
+first run busy so that a duplicate arrives while it holds the key. ``charge_order``
+charges a payment provider (tests.support.fake_provider) through a step instead.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Any
 
+import httpx
 from celery import shared_task
+from celery.utils.log import get_task_logger
 from django.contrib.auth import get_user_model
 
+from idempotency import IdempotencyRecord, Resolution
 from idempotency.celery import IdempotentTask
+from idempotency.steps import current
 
 from .lease_views import sku_for
 from .models import Order
@@ -92,3 +99,72 @@ def place_order_through_an_outage(self: IdempotentTask, ref: str, owner_id: int)
     if self.request.retries == 0:
         kill_own_connection()
     return {**placed, "retries": self.request.retries}
+
+
+# -- steps: a task that charges a provider through its attempt's step key -----------------
+
+logger = get_task_logger(__name__)
+
+STEP_LEASE_SECONDS = 1.0
+# Set in a worker's environment: its run of charge_order logs "charged" once the charge is
+# in hand (and recorded, for a recorded step), then hangs there until the test kills it.
+HANG_AFTER_CHARGE = "IDEMPOTENCY_TEST_HANG_AFTER_CHARGE"
+
+
+def run_again(record: IdempotencyRecord) -> Resolution:
+    """The provider's answer is not looked up (Stripe has no look-up by key): run again.
+
+    Safe because the run takes its key from the step: the provider answers a repeat
+    with the first charge, and a recorded step is not even sent again.
+    """
+    return Resolution.not_done()
+
+
+@shared_task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key=lambda order, **_: order,
+    idempotency_mode="lease",
+    idempotency_lease_seconds=STEP_LEASE_SECONDS,
+    idempotency_resolver=run_again,
+    max_retries=10,
+)
+def charge_order(
+    self: IdempotentTask, provider: str, order: str, amount: int, recorded: bool = False
+) -> str:
+    def charge(key: str) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{provider}/charges",
+            json={"amount": amount, "currency": "eur"},
+            headers={"Idempotency-Key": key},
+        )
+        answer.raise_for_status()
+        return dict(answer.json())
+
+    attempt = self.idempotency
+    # Recorded, a later attempt gets the charge back without calling the provider; keyed
+    # only, it calls again with the same key and the provider answers the first charge.
+    charged = attempt.step("charge", charge) if recorded else charge(attempt.step_key("charge"))
+    if os.environ.get(HANG_AFTER_CHARGE):
+        logger.info("charged %s", order)
+        time.sleep(60)  # SIGKILLed here: the provider answered, the record is not finished
+    return str(charged["id"])
+
+
+@shared_task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key=lambda ref, **_: ref,
+    idempotency_mode="lease",
+)
+def whose_attempt(self: IdempotentTask, ref: str) -> dict[str, Any]:
+    """What ``self.idempotency`` is while the task runs, for the test to compare."""
+    attempt = self.idempotency
+    return {
+        "is_current": attempt is current(),
+        "record": attempt.record.pk,
+        "key": attempt.operation.key,
+        "owns_the_record": attempt.owner_token
+        == IdempotencyRecord.objects.get(pk=attempt.record.pk).owner_token,
+        "step_key": attempt.step_key("charge"),
+    }

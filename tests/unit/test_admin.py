@@ -15,7 +15,7 @@ from django.utils import timezone
 from idempotency.admin import BODY_DISPLAY_LIMIT, readable_body
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import Resolution
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

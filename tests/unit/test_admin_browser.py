@@ -19,7 +19,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 
 pytestmark = [
     pytest.mark.browser,

@@ -343,7 +343,7 @@ def test_the_error_format_info_is_only_for_a_default_left_beside_a_handler(frame
         assert [m for m in run_checks() if m.id == "idempotency.I001"] == []
 
 
-@override_settings(ROOT_URLCONF="tests.check_urls")
+@override_settings(ROOT_URLCONF="tests.support.check_urls")
 def test_lease_views_under_atomic_requests_are_each_reported(monkeypatch):
     assert [m for m in run_checks() if m.id == "idempotency.E031"] == []
     monkeypatch.setitem(settings.DATABASES["default"], "ATOMIC_REQUESTS", True)

@@ -18,10 +18,10 @@ from idempotency.management import _common
 from idempotency.management._common import parse_age
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import Resolution, register
-from tests import output
-from tests.factories import IdempotencyRecordFactory
-from tests.output import timeless
-from tests.processes import process_env, python
+from tests.support import output
+from tests.support.factories import IdempotencyRecordFactory
+from tests.support.output import timeless
+from tests.support.processes import process_env, python
 
 pytestmark = pytest.mark.django_db
 

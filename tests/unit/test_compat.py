@@ -17,7 +17,7 @@ from ninja.decorators import decorate_view
 
 from idempotency import compat
 from idempotency.models import IdempotencyRecord
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 # --- record_from_db: Model.from_db ---------------------------------------------------
 

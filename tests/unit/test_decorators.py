@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from idempotency import idempotent
 from idempotency.models import IdempotencyRecord
 from idempotency.ninja import idempotent as ninja_idempotent
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 
 @idempotent

@@ -13,7 +13,7 @@ from django.utils.html import escapejs
 from rest_framework.test import APIClient
 
 from idempotency.models import IdempotencyRecord
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db

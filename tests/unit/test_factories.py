@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

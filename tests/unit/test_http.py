@@ -1,4 +1,4 @@
-"""Every row of docs/http.md's answers through DRF's test client, against ``tests/urls.py``."""
+"""Every row of docs/http.md's answers through DRF's test client (``tests/support/urls.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rest_framework.views import exception_handler
 
 from idempotency.http import request_hash
 from idempotency.models import IdempotencyRecord, Status
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 

@@ -19,12 +19,12 @@ from openapi_spec_validator import validate
 
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.ninja import idempotent
-from tests.factories import UserFactory
-from tests.processes import process_env, python
+from tests.support.factories import UserFactory
+from tests.support.processes import process_env, python
 from tests.testapp.models import Order
 from tests.testapp.ninja_api import api
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.ninja_urls")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.ninja_urls")]
 
 ORDER = {"sku": "book", "quantity": 2}
 PASSWORD = "ninja-password"

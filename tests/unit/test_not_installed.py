@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, process_env, python
+from tests.support.processes import ROOT, process_env, python
 
 FIX = 'add "idempotency" to INSTALLED_APPS'
 

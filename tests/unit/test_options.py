@@ -30,7 +30,7 @@ from idempotency.functions import idempotent_function
 from idempotency.models import Status
 from idempotency.ninja import idempotent as ninja_idempotent
 from idempotency.options import APPLIES, OPTION_NAMES, OptionArgs
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 
 def resolver(record: Any) -> None:

@@ -11,7 +11,7 @@ from django.test import RequestFactory
 
 from idempotency import idempotent
 from idempotency.models import IdempotencyRecord
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 

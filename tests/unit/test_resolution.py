@@ -7,7 +7,7 @@ import pytest
 from idempotency import ResolutionReport, mark_records, run_resolvers
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.resolvers import Resolution
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from idempotency.exceptions import KeyInUse
 from idempotency.models import IdempotencyRecord
 from idempotency.ninja import idempotent as ninja_idempotent
 from idempotency.response import error_response, use_error_format
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.testapp.views import OrderViewSet
 
 pytestmark = pytest.mark.django_db

@@ -25,7 +25,7 @@ from idempotency.progress import Progress
 from idempotency.protocol import Operation
 from idempotency.protocol.execute import execute
 from idempotency.retention import purge
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from idempotency import idempotent, signals
 from idempotency.contrib.prometheus import SignalCounters
 from idempotency.models import IdempotencyRecord
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 ORDER = {"sku": "rollout", "quantity": 1}
 OBSERVE = {"REQUIRE_KEY": False}

@@ -17,7 +17,7 @@ from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from openapi_spec_validator import validate
 
 from idempotency.contrib.spectacular import IdempotencySchemaMixin
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 KEY_HEADERS = {"Idempotency-Key", "X-Request-Id"}
 
@@ -32,7 +32,9 @@ class ProjectAutoSchema(IdempotencySchemaMixin, SpectacularAutoSchema):
 def generate(schema_class: str = "idempotency.contrib.spectacular.AutoSchema") -> dict[str, Any]:
     rest_framework = {**settings.REST_FRAMEWORK, "DEFAULT_SCHEMA_CLASS": schema_class}
     with override_settings(REST_FRAMEWORK=rest_framework):
-        generated = SchemaGenerator(urlconf="tests.spectacular_urls").get_schema(public=True)
+        generated = SchemaGenerator(urlconf="tests.support.spectacular_urls").get_schema(
+            public=True
+        )
     # Through JSON, as a client reads it.
     schema: dict[str, Any] = json.loads(json.dumps(generated))
     return schema

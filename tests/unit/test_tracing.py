@@ -17,8 +17,8 @@ from idempotency import KeyInUse, LeaseLost, Resolution, idempotent_function
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.models import IdempotencyRecord
 from idempotency.tracing import key_digest
-from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.processes import process_env, python
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.processes import process_env, python
 
 EXPORTER = InMemorySpanExporter()
 

@@ -1,7 +1,7 @@
 """``idempotency.protocol.claim``: what the record under a key means for a new request.
 
 Each test claims inside a transaction, as atomic mode does, against a record in a
-known state (``tests.factories``), and reads the table afterwards: the claim's
+known state (``tests.support.factories``), and reads the table afterwards: the claim's
 answer and what it wrote must agree with the state machine.
 """
 
@@ -27,7 +27,7 @@ from idempotency.protocol.claim import (
     claim_committed,
     retry_after,
 )
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
 from idempotency.protocol.execute import execute
-from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db

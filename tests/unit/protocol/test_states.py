@@ -16,7 +16,7 @@ from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import StoredResponse
 from idempotency.protocol.states import ABSENT, MOVES, STATES, can_transition, transition
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +75,8 @@ def test_the_table_is_the_designs_state_machine():
     finished = {Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE}
     assert arrows == {
         (ABSENT, Status.PROCESSING),
+        (ABSENT, Status.SUCCEEDED),
+        (ABSENT, Status.FAILED_FINAL),
         (Status.FAILED_RETRYABLE, Status.PROCESSING),
         *((status, Status.PROCESSING) for status in finished if status != Status.FAILED_RETRYABLE),
         *((Status.PROCESSING, status) for status in (*finished, Status.NEEDS_REVIEW)),

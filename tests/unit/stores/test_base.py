@@ -34,7 +34,7 @@ from idempotency.protocol.execute import execute
 from idempotency.retention import batch
 from idempotency.stores import Candidate, GenericStore, Store, records_database, store_for
 from idempotency.stores.postgres import PostgresStore
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 PACKAGE = Path(idempotency.__file__).resolve().parent
 HASH = fingerprint(["POST", "/things/", "{}"])
@@ -358,7 +358,7 @@ def lock_timeout() -> str:
         return str(cursor.fetchone()[0])
 
 
-# What core does with it: a claim the database gave up is claimed again
+# What the protocol does with it: a claim the database gave up is claimed again
 
 
 class GivingUpStore(PostgresStore):
@@ -395,7 +395,9 @@ def run(operation: Operation, ran: list[str]) -> str:
     )
 
 
-OPERATION = Operation("user:1:things", "k-1", HASH, name="things.create")
+def operation(**changes: Any) -> Operation:
+    # Made in the test, after ``giving_up``: an operation keeps the store of its database.
+    return replace(Operation("user:1:things", "k-1", HASH, name="things.create"), **changes)
 
 
 @pytest.mark.postgres
@@ -404,7 +406,7 @@ OPERATION = Operation("user:1:things", "k-1", HASH, name="things.create")
 def test_a_claim_given_up_is_claimed_again_in_a_new_transaction(giving_up, mode):
     giving_up.times = core.CLAIM_RETRIES
     ran: list[str] = []
-    assert run(replace(OPERATION, mode=mode), ran) == "ran"
+    assert run(operation(mode=mode), ran) == "ran"
     assert ran == ["ran"]
     assert giving_up.times == 0
     assert IdempotencyRecord.objects.get().status == Status.SUCCEEDED
@@ -422,7 +424,7 @@ def test_a_claim_given_up_too_often_is_a_409(giving_up):
     signals.key_in_use.connect(listen)
     try:
         with pytest.raises(KeyInUse):
-            run(OPERATION, [])
+            run(operation(), [])
     finally:
         signals.key_in_use.disconnect(listen)
     assert len(heard) == 1
@@ -436,7 +438,7 @@ def test_inside_the_callers_transaction_a_claim_given_up_is_a_409_at_once(giving
     ran: list[str] = []
     with transaction.atomic():
         with pytest.raises(KeyInUse):
-            run(OPERATION, ran)
+            run(operation(), ran)
         assert giving_up.times == 0  # not tried again: the transaction is the caller's
-        assert run(OPERATION, ran) == "ran"  # the caller's transaction is still usable
+        assert run(operation(), ran) == "ran"  # the caller's transaction is still usable
     assert ran == ["ran"]

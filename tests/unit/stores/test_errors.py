@@ -190,7 +190,7 @@ def test_a_connection_the_server_terminated_is_an_outage():
 @pytest.mark.mariadb
 @pytest.mark.django_db(transaction=True)
 def test_mariadb_lock_wait_timeout_and_statement_timeout_are_outages():
-    from tests.example_server import server_connection
+    from tests.support.example_server import server_connection
 
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS outage_lock (id INT PRIMARY KEY)")

@@ -22,8 +22,8 @@ from idempotency.protocol.execute import execute
 from idempotency.retention import purge
 from idempotency.stores import store_for
 from idempotency.stores.mysql import MySQLStore, lock_wait_seconds
-from tests.factories import IdempotencyRecordFactory
 from tests.protocol.test_concurrency import THREADS, run_in_threads
+from tests.support.factories import IdempotencyRecordFactory
 
 HASH = fingerprint(["POST", "/things/", "{}"])
 DONE = Outcome(Status.SUCCEEDED, StoredResponse(201, [], b"made"))

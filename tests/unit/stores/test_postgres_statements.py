@@ -9,7 +9,7 @@ from django.db import connection
 
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.stores.postgres_statements import PostgresStatements
-from tests.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

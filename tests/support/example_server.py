@@ -28,10 +28,10 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from tests.processes import database_url
-from tests.servers import Reply, free_port, send, wait_until_up
+from tests.support.processes import database_url
+from tests.support.servers import Reply, free_port, send, wait_until_up
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "http-test-webhook-secret"
 USERS = {"alice": "alice-password", "bob": "bob-password"}
 # Per request. Generous: Basic auth hashes a password per request, and 24 of them at once

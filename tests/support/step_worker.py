@@ -1,6 +1,6 @@
-"""A process that runs ``tests.step_work.pay`` and hangs after the charge until it is killed.
+"""A process that runs ``tests.support.step_work.pay`` and hangs after the charge until killed.
 
-``python -m tests.step_worker <provider-url> <order> <amount> <recorded|keyed>``;
+``python -m tests.support.step_worker <provider-url> <order> <amount> <recorded|keyed>``;
 prints ``charged`` once the provider has answered.
 """
 
@@ -13,7 +13,7 @@ def main(url: str, order: str, amount: int, recorded: bool) -> None:
     import django
 
     django.setup()
-    from tests import step_work
+    from tests.support import step_work
 
     step_work.PROVIDER["url"] = url
     step_work.HANG["after_charge"] = True

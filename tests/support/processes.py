@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 SCHEMES = {"postgresql": ("postgres", 5432), "mysql": ("mysql", 3306)}

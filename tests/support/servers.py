@@ -22,8 +22,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from tests.factories import UserFactory
-from tests.processes import process_env, python, start, stop
+from tests.support.factories import UserFactory
+from tests.support.processes import process_env, python, start, stop
 
 ORDER = {"sku": "book", "quantity": 2}
 
@@ -119,7 +119,7 @@ class AsgiServer:
 
 @contextmanager
 def uvicorn(settings_module: str, ready_path: str) -> Iterator[AsgiServer]:
-    """``tests.asgi`` under uvicorn with ``settings_module``, on the test database.
+    """``tests.support.asgi`` under uvicorn with ``settings_module``, on the test database.
 
     Needs a ``transaction=True`` test on PostgreSQL: the user and session made
     here are committed, and the server's own connections see them.
@@ -131,7 +131,15 @@ def uvicorn(settings_module: str, ready_path: str) -> Iterator[AsgiServer]:
     cookie = f"{name}={client.cookies[name].value}"
     port = free_port()
     command = python(
-        *("-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port", str(port)),
+        *(
+            "-m",
+            "uvicorn",
+            "tests.support.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ),
         *("--lifespan", "off", "--no-access-log"),
     )
     env = process_env(DJANGO_SETTINGS_MODULE=settings_module, PYTHONUNBUFFERED="1")

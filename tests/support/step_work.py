@@ -1,7 +1,7 @@
 """A lease-mode function that charges a provider through a step: the crash tests' work.
 
-Imported once Django is set up (the test process, or ``tests.step_worker``).
-``PROVIDER["url"]`` is the fake provider's (tests.fake_provider); with
+Imported once Django is set up (the test process, or ``tests.support.step_worker``).
+``PROVIDER["url"]`` is the fake provider's (tests.support.fake_provider); with
 ``HANG["after_charge"]`` the work stops after the provider answered, before the
 record is finished, until the process is killed.
 """

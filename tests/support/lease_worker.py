@@ -1,6 +1,6 @@
 """A process that claims a lease-mode operation and hangs in its work until it is killed.
 
-``python -m tests.lease_worker <user_id> <key> <effect-first|effect-last>``; prints
+``python -m tests.support.lease_worker <user_id> <key> <effect-first|effect-last>``; prints
 ``working`` once it is inside the work (after the effect, with ``effect-first``).
 """
 

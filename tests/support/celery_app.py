@@ -1,6 +1,6 @@
 """The Celery app of tests/protocol/test_tasks.py: Redis broker, the idempotency tasks.
 
-The test starts ``celery -A tests.celery_app worker`` with ``DATABASE_URL``
+The test starts ``celery -A tests.support.celery_app worker`` with ``DATABASE_URL``
 pointing at the test database and its own queue.
 """
 
