@@ -3,9 +3,13 @@
 
 The statements Django and this app send for one create of the example
 project (``floor.build_scripts``), replayed by pgbench, side by side in one
-run with the unprotected create, ``BEGIN; INSERT; COMMIT``, and the protected
+run with the unprotected create, ``BEGIN; INSERT; COMMIT``, the protected
+create with the record written once (``in_flight="run"``, issue 32: the order's
+INSERT and the finished record's, no claim and no finish) and the protected
 create as it was before issue 24 (its claim statement, its finish, on a copy
 of the table with the indexes of then). Prints:
+
+- the statements each create sends in its transaction;
 
 - transactions per second of each, pgbench's simple protocol and prepared,
   in alternating rounds;
@@ -55,7 +59,7 @@ BEFORE_INDEXES = (
     'CREATE INDEX ON {t} ("expires_at") WHERE "expires_at" IS NOT NULL',
     'CREATE INDEX ON {t} ("status", "created_at")',
 )
-ORDER = [floor.UNPROTECTED, floor.TRANSACTION, floor.PROTECTED, BEFORE]
+ORDER = [floor.UNPROTECTED, floor.TRANSACTION, floor.PROTECTED, floor.WRITTEN_ONCE, BEFORE]
 
 
 @dataclass
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         scripts[BEFORE] = _before_script(scripts[floor.PROTECTED])
         _print_scripts(scripts)
         tps = floor.measure(database, args.rounds, args.seconds, args.clients, scripts)
-        print(_tps_table(tps), end="\n\n", flush=True)
+        print(_tps_table(tps, scripts), end="\n\n", flush=True)
         work = _work(database, scripts, args.rounds, args.transactions)
         print(_work_table(work, args.transactions), end="\n\n", flush=True)
         print(plans(args.rows), flush=True)
@@ -290,29 +294,42 @@ def _pgbench(pgbench: str, database: Database, script: Path, transactions: int) 
 # The report
 
 
-def _tps_table(result: floor.FloorResult) -> str:
+def _tps_table(result: floor.FloorResult, scripts: dict[str, str]) -> str:
+    sent = {name: floor.statements(script) for name, script in scripts.items()}
     rows = [
         f"## Transactions per second ({result.clients} clients, median of the rounds)",
         "",
-        "| statements | simple protocol | prepared | prepared / simple |",
-        "|---|---:|---:|---:|",
+        "| statements | sent | simple protocol | prepared | prepared / simple |",
+        "|---|---:|---:|---:|---:|",
     ]
     for name in ORDER:
         simple, prepared = (result.median(floor.measurement(name, p)) for p in floor.PROTOCOLS)
-        rows.append(f"| {name} | {simple:,.0f} | {prepared:,.0f} | {prepared / simple:.2f} |")
-    rows += ["", "| ratio | simple | prepared |", "|---|---:|---:|"]
+        rows.append(
+            f"| {name} | {sent[name]} | {simple:,.0f} | {prepared:,.0f} | {prepared / simple:.2f} |"
+        )
+    rows += [
+        "",
+        "| ratio (median of the rounds' ratios, lowest to highest) | simple | prepared |",
+        "|---|---:|---:|",
+    ]
     pairs = [
         ("protected / BEGIN; INSERT; COMMIT", floor.PROTECTED, floor.TRANSACTION),
+        ("written once / BEGIN; INSERT; COMMIT", floor.WRITTEN_ONCE, floor.TRANSACTION),
+        ("written once / protected", floor.WRITTEN_ONCE, floor.PROTECTED),
         ("protected / INSERT alone", floor.PROTECTED, floor.UNPROTECTED),
         ("before issue 24 / BEGIN; INSERT; COMMIT", BEFORE, floor.TRANSACTION),
         ("protected / before issue 24", floor.PROTECTED, BEFORE),
     ]
     for label, top, bottom in pairs:
         cells = [
-            result.median(floor.measurement(top, p)) / result.median(floor.measurement(bottom, p))
+            result.paired(floor.measurement(top, p), floor.measurement(bottom, p))
             for p in floor.PROTOCOLS
         ]
-        rows.append(f"| {label} | {cells[0]:.2f}x | {cells[1]:.2f}x |")
+        rows.append(
+            f"| {label} | "
+            + " | ".join(f"{mid:.2f}x ({low:.2f} to {high:.2f})" for mid, low, high in cells)
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -336,13 +353,21 @@ def _work_table(work: dict[str, Work], transactions: int) -> str:
         )
     wal = {name: _median(work[name].wal_bytes) for name in ORDER}
     ours = wal[floor.PROTECTED]
+    bare = _bare(work, floor.WRITTEN_ONCE) / _bare(work, floor.PROTECTED)
     rows += [
         "",
         f"WAL bytes: protected / INSERT alone {ours / wal[floor.UNPROTECTED]:.2f}x, "
         f"protected / BEGIN; INSERT; COMMIT {ours / wal[floor.TRANSACTION]:.2f}x, "
-        f"protected / before issue 24 {ours / wal[BEFORE]:.2f}x.",
+        f"protected / before issue 24 {ours / wal[BEFORE]:.2f}x, "
+        f"written once / protected {wal[floor.WRITTEN_ONCE] / ours:.2f}x "
+        f"(without full-page images {bare:.2f}x).",
     ]
     return "\n".join(rows)
+
+
+def _bare(work: dict[str, Work], name: str) -> float:
+    """WAL bytes without full-page images: what checkpoints falling inside a run do not move."""
+    return _median(work[name].wal_bytes) - _median(work[name].full_page_bytes)
 
 
 def _median(values: list[float]) -> float:

@@ -49,6 +49,12 @@ PLAIN = Variant("unprotected", "/bench/orders/plain/", keyed=False)
 PLAIN_ATOMIC = Variant("unprotected, in a transaction", "/bench/orders/plain-atomic/", keyed=False)
 OURS = Variant("idempotency (atomic)", "/api/orders/")
 LEASE = Variant("idempotency (lease)", "/bench/orders/lease/")
+# The two atomic-mode protocols on the same view (the unprotected twin with the mixin),
+# side by side: the default (claim, work, finish) and the record written once (issue 32).
+TWIN = Variant("idempotency (atomic), the twin", "/bench/orders/protected/")
+WRITTEN_ONCE = Variant(
+    "idempotency (atomic, written once), the twin", "/bench/orders/written-once/"
+)
 # A create as a real endpoint does it (benchmarks/views.py PlacedOrderCreate), with and without.
 PLACED = Variant("placed order, unprotected", "/bench/orders/placed/", keyed=False)
 PLACED_OURS = Variant("placed order, idempotency (atomic)", "/bench/orders/placed-protected/")
@@ -132,7 +138,7 @@ def replays(
     fresh = [
         replace(variant, name=f"{variant.name}, fresh keys")
         for variant in variants
-        if variant.path in (OURS.path, PLACED_OURS.path)
+        if variant.path in (OURS.path, PLACED_OURS.path, TWIN.path, WRITTEN_ONCE.path)
     ]
     replayed = [replace(variant, name=f"{variant.name}, replays") for variant in variants]
     sources = dict(zip([v.name for v in replayed], variants, strict=True))

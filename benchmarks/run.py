@@ -47,6 +47,8 @@ from benchmarks.http_scenarios import (  # noqa: E402
     PLAIN,
     PLAIN_ATOMIC,
     PLAIN_PREPARED,
+    TWIN,
+    WRITTEN_ONCE,
     Servers,
     Target,
 )
@@ -150,7 +152,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
             Target("127.0.0.1", cached_port) if cached_port else None,
         )
         variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, PLAIN_PREPARED, OURS_PREPARED, LEASE]
-        variants += [PLACED, PLACED_OURS]
+        variants += [PLACED, PLACED_OURS, TWIN, WRITTEN_ONCE]
         variants += alternatives
         _step("warming up")
         http_scenarios.warm_up(servers, variants, plan.concurrency)
@@ -161,7 +163,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         _step("replays")
         results.replays = http_scenarios.replays(
             servers,
-            [OURS, *cached, OURS_PREPARED, PLACED_OURS, *alternatives],
+            [OURS, *cached, OURS_PREPARED, PLACED_OURS, TWIN, WRITTEN_ONCE, *alternatives],
             keys,
             plan.rounds,
             plan.requests,
@@ -171,7 +173,7 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         results.hot = http_scenarios.hot_keys(
             servers,
             database,
-            [OURS, LEASE, LEASE_SLOW, LEASE_SLOW_WAITING, *alternatives],
+            [OURS, TWIN, WRITTEN_ONCE, LEASE, LEASE_SLOW, LEASE_SLOW_WAITING, *alternatives],
             plan.hot_trials,
             plan.hot_size,
         )

@@ -11,6 +11,7 @@ from benchmarks.views import (
     SlowLeaseOrderCreate,
     TransactionalOrderCreate,
     WaitingSlowLeaseOrderCreate,
+    WrittenOnceOrderCreate,
     alternative_views,
 )
 from example_project.urls import urlpatterns as example_urlpatterns
@@ -19,6 +20,7 @@ TWINS = {
     "plain": OrderCreate.as_view({"post": "create"}),
     "plain-atomic": TransactionalOrderCreate.as_view({"post": "create"}),
     "protected": ProtectedOrderCreate.as_view({"post": "create"}),
+    "written-once": WrittenOnceOrderCreate.as_view({"post": "create"}),
     "lease": LeaseOrderCreate.as_view({"post": "create"}),
     "placed": PlacedOrderCreate.as_view({"post": "create"}),
     "placed-protected": ProtectedPlacedOrderCreate.as_view({"post": "create"}),

@@ -55,6 +55,17 @@ class ProtectedOrderCreate(IdempotentCreateMixin, OrderCreate):
     idempotency_operation = "bench.orders.protected"
 
 
+class WrittenOnceOrderCreate(ProtectedOrderCreate):
+    """The twin with the record written once (``in_flight="run"``, issue 32), beside the default.
+
+    The create's every effect is its row, so duplicates may run it: the loser's
+    row rolls back with its transaction.
+    """
+
+    idempotency_operation = "bench.orders.written-once"
+    idempotency_in_flight = "run"
+
+
 class LeaseOrderCreate(IdempotentCreateMixin, OrderCreate):
     """The same create in lease mode: claim, commit, work, finish (no long transaction)."""
 

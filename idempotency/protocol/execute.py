@@ -205,13 +205,17 @@ def _execute_written_once(
         operation.store.statements(),
         writes_only_to(database),
     ):
-        replay_share.seen(operation.name, replayed=False)
         value = _work(work, attempt)
         outcome = decide(value, attempt)
         if outcome is None:
             transaction.set_rollback(True, using=database)  # nothing recorded, nothing happened
+            replay_share.seen(operation.name, replayed=False)
             return value
         if _insert_finished(attempt, new, outcome):
+            # Counted once it is known to be a first request: a repeat that ran the work
+            # and lost at the insert counts as the replay it is (below), not as both,
+            # or READ_FIRST "auto" would take twice as many repeats to start reading first.
+            replay_share.seen(operation.name, replayed=False)
             return value
         transaction.set_rollback(True, using=database)  # another attempt's outcome holds the key
     held = operation.store.read_final(operation.scope, operation.key)

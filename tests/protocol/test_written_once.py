@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from idempotency.exceptions import KeyReused
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.protocol import Operation
+from idempotency.protocol import execute as core  # the module
 from tests.protocol.test_concurrency import run_in_threads
 from tests.support.factories import UserFactory
 from tests.testapp.models import Order
@@ -61,6 +62,23 @@ class TestOneAtATime:
         assert business.run(once()) == "replayed"
         assert Order.objects.count() == 1  # the repeat's order rolled back with it
         assert business.replays[0].pk == IdempotencyRecord.objects.get().pk
+
+    def test_a_repeat_that_loses_at_the_insert_counts_as_one_replay_for_read_first(
+        self, business, monkeypatch
+    ):
+        # READ_FIRST "auto" starts reading first once repeats are a third of the requests:
+        # a repeat that ran the work and lost must count as a replay alone, not also as a
+        # first request, or twice as many repeats would run the work before it starts.
+        share = core.ReplayShare()
+        monkeypatch.setattr(core, "replay_share", share)
+        name, weight = once().name, share.WEIGHT
+        business.run(once())
+        assert share._shares[name] == 0.0  # one first request
+        assert business.run(once()) == "replayed"
+        assert business.run(once()) == "replayed"
+        assert business.runs == 3  # both repeats ran the work (READ_FIRST "never") and lost
+        # Two replays after a first request: W, then W + (1 - W) * W.
+        assert share._shares[name] == pytest.approx(2 * weight - weight**2, rel=1e-12)
 
     def test_a_repeat_read_first_does_not_run_the_work(self, business, settings):
         settings.IDEMPOTENCY = {"READ_FIRST": "always"}

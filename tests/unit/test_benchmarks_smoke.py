@@ -49,6 +49,19 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     # a create as a real endpoint does it, with and without protection
     assert "| placed order, unprotected |" in result.stdout
     assert "| placed order, idempotency (atomic), replays |" in result.stdout
+    # the two atomic-mode protocols on one view: the default and the record written once
+    for protocol in (
+        "idempotency (atomic), the twin",
+        "idempotency (atomic, written once), the twin",
+    ):
+        assert f"| {protocol} |" in result.stdout.split("## Replays")[0]  # first requests
+        assert f"| {protocol}, fresh keys |" in result.stdout
+        assert f"| {protocol}, replays |" in result.stdout
+        assert f"| {protocol} |" in result.stdout.split("## Hot key")[1]  # duplicates
+    assert "| replays / fresh creates, throughput: written once |" in result.stdout
+    assert "| first requests, throughput: written once / default protocol |" in result.stdout
+    assert "| hot key, written once: share answered with the outcome, one effect |" in result.stdout
+    assert "written once / BEGIN; INSERT; COMMIT" in result.stdout  # the floor's ratios
     assert output.read_text() == result.stdout.rstrip("\n") + "\n"
     assert output.with_suffix(".svg").read_text().startswith("<svg ")  # the ratios' chart
 
@@ -128,7 +141,13 @@ def test_database_cost_measurement_runs_and_prints_its_tables():
         assert heading in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("| BEGIN; claim")]
     # the protected creates, now and before issue 24, in the tables of speed and of writes
-    assert [row.count("|") for row in rows] == [5, 5, 8, 8]
+    assert [row.count("|") for row in rows] == [6, 6, 8, 8]
+    # the record written once (issue 32) beside them, its statements counted: four
+    once = [line for line in result.stdout.splitlines() if line.startswith("| BEGIN; INSERT; rec")]
+    assert [row.count("|") for row in once] == [6, 8]
+    assert once[0].split(" | ")[1] == "4"
+    assert "| written once / BEGIN; INSERT; COMMIT |" in result.stdout
+    assert "written once / protected" in result.stdout.split("## What one transaction writes")[1]
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
