@@ -14,7 +14,6 @@ repeats are frequent (``READ_FIRST``), or from the replay cache.
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 import time
@@ -60,8 +59,6 @@ from idempotency.steps import running_attempt
 from idempotency.stores import Candidate
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
-
-logger = logging.getLogger("idempotency")
 
 T = TypeVar("T")
 Work = Callable[[Attempt], T]
