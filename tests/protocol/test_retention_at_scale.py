@@ -7,6 +7,8 @@ purge and recovery read through their indexes, never the whole table (EXPLAIN).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +25,30 @@ from tests.support.factories import IdempotencyRecordFactory
 from tests.unit.test_retention import exists, expired, force_expired
 
 pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def held_by_a_request(record: IdempotencyRecord) -> Iterator[None]:
+    """While inside, another connection holds ``record``'s row lock, as a request would."""
+    locked, release = threading.Event(), threading.Event()
+
+    def request_holding_the_row() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.select_for_update().get(pk=record.pk)
+                locked.set()
+                release.wait(timeout=10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=request_holding_the_row)
+    thread.start()
+    try:
+        assert locked.wait(timeout=10)
+        yield
+    finally:
+        release.set()
+        thread.join(timeout=10)
 
 
 @pytest.mark.server_db
@@ -49,25 +75,8 @@ class TestPurgeWithOtherConnections:
 
     def test_a_row_a_request_holds_is_skipped_not_waited_for(self):
         held, free = expired(), expired()
-        locked, release = threading.Event(), threading.Event()
-
-        def request_holding_the_row() -> None:
-            try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.select_for_update().get(pk=held.pk)
-                    locked.set()
-                    release.wait(timeout=10)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=request_holding_the_row)
-        thread.start()
-        try:
-            assert locked.wait(timeout=10)
+        with held_by_a_request(held):
             assert purge() == 1
-        finally:
-            release.set()
-            thread.join(timeout=10)
         assert exists(held)
         assert not exists(free)
 
@@ -84,25 +93,8 @@ class TestPurgeWithOtherConnections:
             force_expired(IdempotencyRecordFactory(needs_review=True)),
             IdempotencyRecordFactory(succeeded=True),  # its window still open
         ]
-        locked, release = threading.Event(), threading.Event()
-
-        def request_holding_the_row() -> None:
-            try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.select_for_update().get(pk=held.pk)
-                    locked.set()
-                    release.wait(timeout=10)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=request_holding_the_row)
-        thread.start()
-        try:
-            assert locked.wait(timeout=10)
+        with held_by_a_request(held):
             assert purge(batch_size=100_000) == 10
-        finally:
-            release.set()
-            thread.join(timeout=10)
         assert not any(exists(record) for record in before + after)
         assert all(exists(record) for record in [held, *kept])
         assert purge() == 1  # released, it goes with the next pass
