@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import QuerySet
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
@@ -123,3 +124,16 @@ def ninja_response(
     """
     response: HttpResponseBase = operation._result_to_response(request, result, temporal)
     return response
+
+
+def unlocked(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """``queryset`` without its ``FOR UPDATE`` (the purge's optimistic batch on PostgreSQL).
+
+    Public path: a queryset built without ``select_for_update()``. The purge's batch
+    is built once, locked, for every store (``retention.batch``); PostgreSQL's store
+    first tries it unlocked, and a queryset offers no way to drop the lock again but
+    the flag on its query.
+    """
+    clone = queryset.all()
+    clone.query.select_for_update = False
+    return clone

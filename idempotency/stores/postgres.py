@@ -23,7 +23,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import TextField
 from django.db.models.expressions import RawSQL
 
-from idempotency.compat import record_from_db
+from idempotency.compat import record_from_db, unlocked
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.stores.base import Candidate, Contention, Purged
 from idempotency.stores.postgres_statements import (
@@ -248,9 +248,8 @@ class PostgresStore(PostgresNotifications):
         #   again (READ COMMITTED): its new ctid is not in the array, so it stays.
         # Either way no other row is deleted, and the status is checked again on the
         # deleted rows all the same.
-        rows = batch.annotate(row=RawSQL("ctid", (), output_field=TextField())).values("row")
-        if not locked:
-            rows.query.select_for_update = False
+        chosen = batch if locked else unlocked(batch)
+        rows = chosen.annotate(row=RawSQL("ctid", (), output_field=TextField())).values("row")
         # Compiled for this alias: sql_with_params() would compile for the default one.
         query, params = rows.query.get_compiler(self.alias).as_sql()
         with self.connection.cursor() as cursor:

@@ -183,3 +183,17 @@ def test_a_converted_result_is_the_response_ninja_sends(result: Any) -> None:
     )
     assert (converted.status_code, converted.content) == (sent.status_code, sent.content)
     assert converted["Content-Type"] == sent["Content-Type"]
+
+
+# --- unlocked: a queryset built without select_for_update() -----------------------------
+
+
+@pytest.mark.django_db
+def test_an_unlocked_batch_is_the_batch_built_without_its_lock() -> None:
+    records = IdempotencyRecord.objects.filter(status="SUCCEEDED").order_by("expires_at")
+    locked = records.select_for_update(skip_locked=True)[:10]
+    built_without = str(records[:10].query)
+    assert str(compat.unlocked(locked).query) == built_without
+    assert locked.query.select_for_update  # the batch it was given keeps its lock
+    if connection.features.has_select_for_update_skip_locked:
+        assert "SKIP LOCKED" in str(locked.query) and "FOR UPDATE" not in built_without
