@@ -34,7 +34,7 @@ from django.utils.translation import gettext_lazy as _
 
 from idempotency import recovery, replay_cache
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
-from idempotency.stores import records_database
+from idempotency.stores import records_database, store_for
 
 # --- the resolution form ----------------------------------------------------------------
 
@@ -437,10 +437,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         records = list(queryset.only("scope", "idem_key"))
-        # Its steps too: PostgreSQL's schema has no cascade for them (migration 0005).
-        steps = IdempotencyStep.objects.using(queryset.db)
-        steps.filter(record_id__in=[record.pk for record in records]).delete()
-        super().delete_queryset(request, queryset)
+        # The store deletes them with their steps (the records' one writer).
+        store_for(queryset.db).delete_records([record.pk for record in records])
         replay_cache.forget_records(records)  # a deleted record is never replayed from the cache
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
@@ -499,8 +497,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
 
     @admin.display(description=_("steps recorded"))
     def steps_display(self, record: IdempotencyRecord) -> str:
-        # The current request's rows only: an earlier request under a replaced record
-        # left rows its replacement deletes on its first step.
+        # The current request's rows only (a replacement deletes an earlier request's;
+        # an earlier release left them until the new request's first step).
         rows = (
             IdempotencyStep.objects.using(record._state.db or records_database())
             .filter(record_id=record.pk, request_started=record.created_at)

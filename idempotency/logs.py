@@ -15,6 +15,7 @@ from typing import Any
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
+from idempotency.outcomes import Recovered
 
 logger = logging.getLogger("idempotency")
 
@@ -93,7 +94,8 @@ def on_database_unavailable(sender: Any, operation: Any, **kwargs: Any) -> None:
 def on_recovered(sender: Any, record: IdempotencyRecord, **kwargs: Any) -> None:
     outcome = str(kwargs.get("outcome", ""))
     # Anything but a clean resolution needs a person.
-    level = logging.INFO if outcome in ("succeeded", "released") else logging.WARNING
+    settled = outcome in (Recovered.SUCCEEDED, Recovered.RELEASED)
+    level = logging.INFO if settled else logging.WARNING
     _log(level, "recovered", kwargs.get("operation"), record, outcome=outcome)
 
 

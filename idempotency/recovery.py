@@ -27,9 +27,9 @@ from django.utils.translation import gettext_lazy as _
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.outcomes import Recovered
 from idempotency.progress import Meter, OnProgress
 from idempotency.protocol.states import (
-    Recovered,
     can_transition,
     recover,
     recovery_outcome,
@@ -38,13 +38,6 @@ from idempotency.protocol.states import (
 from idempotency.resolvers import ask, resolver_for
 from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database
-
-# What happened to a record (the ``outcome`` of ``signals.record_recovered``).
-SUCCEEDED = Recovered.SUCCEEDED
-RELEASED = Recovered.RELEASED
-NEEDS_REVIEW = Recovered.NEEDS_REVIEW
-UNKNOWN = Recovered.UNKNOWN
-SKIPPED = Recovered.SKIPPED
 
 
 @dataclass
@@ -62,21 +55,19 @@ class RecoveryReport:
     def examined(self) -> int:
         return self.succeeded + self.released + self.needs_review + self.unknown + self.skipped
 
-    def add(self, outcome: str) -> None:
-        setattr(self, outcome, getattr(self, outcome) + 1)
+    def add(self, outcome: Recovered) -> None:
+        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
     def as_dict(self) -> dict[str, int | bool]:
         return {**asdict(self), "examined": self.examined}
 
     def outcomes(self) -> dict[str, int]:
         """How many records each outcome took so far (``skipped`` only where there were some)."""
-        counts = {
-            name: getattr(self, name) for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN)
-        }
-        return {**counts, SKIPPED: self.skipped} if self.skipped else counts
+        shown = [outcome for outcome in Recovered if outcome != Recovered.SKIPPED or self.skipped]
+        return {outcome.value: getattr(self, outcome.value) for outcome in shown}
 
 
-def resolve_record(record: IdempotencyRecord) -> str:
+def resolve_record(record: IdempotencyRecord) -> Recovered:
     """Ask ``record``'s resolver now and apply the answer; returns what happened.
 
     Works on a ``PROCESSING`` record whose lease expired and on a
@@ -92,7 +83,7 @@ def resolve_record(record: IdempotencyRecord) -> str:
             .first()
         )
         if locked is None:
-            return SKIPPED
+            return Recovered.SKIPPED
         outcome, _ = recover(locked, resolver_for(locked.operation))
     return outcome
 
@@ -145,12 +136,13 @@ def total(reports: Iterable[RecoveryReport], dry_run: bool = False) -> RecoveryR
     """The reports of several shards added up."""
     summed = RecoveryReport(dry_run=dry_run)
     for report in reports:
-        for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN, SKIPPED):
+        for outcome in Recovered:
+            name = outcome.value
             setattr(summed, name, getattr(summed, name) + getattr(report, name))
     return summed
 
 
-def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
+def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> Recovered:
     resolver = resolver_for(record.operation)
     if dry_run:
         return recovery_outcome(record, ask(resolver, record) if resolver is not None else None)
@@ -158,7 +150,7 @@ def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
         outcome, _ = recover(record, resolver)
     except TransitionNotAllowed:
         # The first attempt finished (or renewed) between our read and our write.
-        return SKIPPED
+        return Recovered.SKIPPED
     return outcome
 
 
@@ -199,7 +191,7 @@ class Change:
 
     before: IdempotencyRecord
     after: IdempotencyRecord
-    outcome: str = ""
+    outcome: Recovered | None = None
 
     def describe(self) -> str:
         """The change in a sentence, for an audit log."""
@@ -277,7 +269,7 @@ def run_resolvers(records: Iterable[IdempotencyRecord]) -> ResolutionReport:
     return report
 
 
-def _resolved(record: IdempotencyRecord) -> str:
+def _resolved(record: IdempotencyRecord) -> Recovered:
     if resolver_for(record.operation) is None:
         raise TransitionNotAllowed(
             gettext(
@@ -290,6 +282,6 @@ def _resolved(record: IdempotencyRecord) -> str:
             % {"operation": record.operation, "operation_repr": repr(record.operation)}
         )
     outcome = resolve_record(record)
-    if outcome == SKIPPED:
+    if outcome == Recovered.SKIPPED:
         raise TransitionNotAllowed(str(NOT_RESOLVABLE))
     return outcome

@@ -38,7 +38,8 @@ record_completed = Signal(use_caching=True)
 # error: the database's exception, retry_after: int (seconds)
 database_unavailable = Signal(use_caching=True)
 # Recovery resolved an expired or stuck record.
-# record, operation: str, outcome (one of "succeeded", "released", "needs_review", "unknown")
+# record, operation: str, outcome: idempotency.outcomes.Recovered (a str: "succeeded",
+# "released", "needs_review" or "unknown")
 record_recovered = Signal(use_caching=True)
 # Purge deleted (or, with dry_run, counted) expired records.
 # count: int, dry_run: bool

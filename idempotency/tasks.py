@@ -12,7 +12,7 @@ from celery import shared_task
 
 from idempotency.progress import OnProgress, Progress, every
 from idempotency.recovery import recover_everywhere, total
-from idempotency.retention import purge_everywhere
+from idempotency.retention import purge_everywhere, purge_orphan_steps_everywhere
 
 logger = logging.getLogger("idempotency")
 
@@ -35,10 +35,21 @@ def recover_expired_leases(
 
 @shared_task(name="idempotency.purge_expired_records")
 def purge_expired_records(batch_size: int | None = None, database: str | None = None) -> int:
-    """Delete records whose retention window has passed, in every shard; returns how many."""
+    """Delete records whose retention window has passed, in every shard; returns how many.
+
+    Steps whose record is gone (left by an earlier release) go too, and are logged.
+    """
     purged = purge_everywhere(
         database=database, batch_size=batch_size, progress=_logged("Purging", "purge_progress")
     )
+    orphans = purge_orphan_steps_everywhere(database=database, batch_size=batch_size)
+    steps = sum(count for _, count in orphans)
+    if steps:
+        logger.info(
+            "Purged %s steps whose record was gone",
+            steps,
+            extra={"event": "idempotency.orphan_steps_purged", "count": steps},
+        )
     return sum(count for _, count in purged)
 
 
