@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
@@ -20,12 +20,12 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from idempotency import signals
 from idempotency.conf import retention_for
-from idempotency.exceptions import KeyInUse, KeyReused, LeaseLost
+from idempotency.exceptions import CrossDatabaseWrite, KeyInUse, KeyReused, LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
-from idempotency.protocol.execute import execute
+from idempotency.protocol.execute import _guarded, _refusal, execute, writes_only_to
 from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 
@@ -575,3 +575,82 @@ class TestOperation:
             tokens.add(record(operation(key=f"k{index}")).owner_token)
         assert len(tokens) == 5
         assert all(len(token) == len(secrets.token_hex(16)) for token in tokens)
+
+
+# --- an atomic attempt writes to one database (the write guard) ----------------------------
+# A second database is set up in the tenants pass (tests/deployment/test_database_per_tenant.py
+# runs a view that writes to another tenant's): here, the guard itself.
+
+
+def sent_to(alias: str, sql: str) -> list[str]:
+    """What reaches the database of ``alias`` through the guard of an attempt on ``default``."""
+    sent: list[str] = []
+    refuse = _refusal(alias, DEFAULT_DB_ALIAS)
+    refuse(lambda sql, params, many, context: sent.append(sql), sql, None, False, {})
+    return sent
+
+
+class TestWriteGuard:
+    @pytest.mark.parametrize(
+        "sql",
+        [
+            "INSERT INTO t VALUES (1)",
+            "  update t set a = 1",
+            "DELETE FROM t",
+            "\nMERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
+            "TRUNCATE t",
+            "REPLACE INTO t VALUES (1)",
+            "COPY t FROM STDIN",
+        ],
+    )
+    def test_a_write_to_another_alias_is_refused_with_the_fix(self, sql):
+        with pytest.raises(CrossDatabaseWrite, match=r"'default' wrote to 'other'.*using="):
+            sent_to("other", sql)
+
+    @pytest.mark.parametrize("sql", ["SELECT 1", "  select * from updates", "WITH a AS (SELECT 1)"])
+    def test_a_read_passes(self, sql):
+        assert sent_to("other", sql) == [sql]
+
+    def test_only_the_other_aliases_are_guarded(self, monkeypatch):
+        guarded: list[str] = []
+        monkeypatch.setattr(
+            "idempotency.protocol.execute.connections",
+            type(
+                "Two",
+                (),
+                {
+                    "__iter__": lambda self: iter(["default", "other"]),
+                    "__getitem__": lambda self, alias: Wrapped(alias, guarded),
+                    "settings": {"default": {}, "other": {}},
+                },
+            )(),
+        )
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": True}), writes_only_to("default"):
+            pass
+        assert guarded == ["other"]
+
+    def test_off_when_set_off_or_with_one_database(self):
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": True}):
+            assert isinstance(writes_only_to(DEFAULT_DB_ALIAS), nullcontext)  # one database
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": False}):
+            assert not _guarded()
+
+    def test_on_by_default_under_debug_and_in_tests_only(self, monkeypatch):
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": None}, DEBUG=False):
+            assert _guarded()  # Django's test environment is set up here
+            monkeypatch.delattr("django.core.mail.outbox")
+            assert not _guarded()
+            with override_settings(DEBUG=True):
+                assert _guarded()
+
+
+class Wrapped:
+    """A connection of ``alias`` that notes the execute wrapper the guard installs."""
+
+    def __init__(self, alias: str, guarded: list[str]) -> None:
+        self.alias, self.guarded = alias, guarded
+
+    @contextmanager
+    def execute_wrapper(self, wrapper: Any) -> Iterator[None]:
+        self.guarded.append(self.alias)
+        yield

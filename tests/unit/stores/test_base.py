@@ -35,6 +35,7 @@ from idempotency.retention import batch
 from idempotency.stores import Candidate, Found, GenericStore, Store, records_database, store_for
 from idempotency.stores.postgres import PostgresStore
 from tests.support.factories import IdempotencyRecordFactory
+from tests.support.threads import in_thread
 
 PACKAGE = Path(idempotency.__file__).resolve().parent
 HASH = fingerprint(["POST", "/things/", "{}"])
@@ -292,18 +293,6 @@ class TestContract:
 
 
 # What a database error means (PostgreSQL, real errors between real connections)
-
-
-def in_thread(target: Any) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 @pytest.mark.postgres
