@@ -22,6 +22,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "idempotency",
+    # django.tasks' database backend: docs/tasks.md, tests/protocol/test_django_tasks.py.
+    "django_tasks_db",
     "tests.testapp.apps.TestAppConfig",
     "example_project.shop",
     "example_project.reports",
@@ -92,6 +94,10 @@ REST_FRAMEWORK = {
     # From the start, as a project sets it: ``@api_view`` fixes its view's schema at import.
     "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
 }
+
+# Django's tasks (the django-tasks backport on Django 5.2) in the test database, run by
+# django-tasks-db's db_worker: a task enqueued in a transaction commits or rolls back with it.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": []}}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
