@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from functools import partial
 from typing import Any
 
 import httpx
@@ -35,9 +36,16 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import task  # type: ignore[no-redef]
 
 LEASE_SECONDS = 1.0
-# Set in a worker's environment: its run of charge_order prints "charged <order>" once the
-# charge is in hand (and recorded, for a recorded step), then hangs there until it is killed.
-HANG_AFTER_CHARGE = "IDEMPOTENCY_TEST_HANG_AFTER_CHARGE"
+# Set in a worker's environment: its run of a task prints what it did ("placed <ref>" once
+# the order is written, uncommitted; "charged <order>" once the charge is in hand, and
+# recorded for a recorded step), then hangs there until the test kills the worker.
+HANG_IN_TASK = "IDEMPOTENCY_TEST_HANG_IN_TASK"
+
+
+def _hang(done: str) -> None:
+    if os.environ.get(HANG_IN_TASK):
+        print(done, flush=True)
+        time.sleep(60)
 
 
 def _owner_id() -> int:
@@ -53,6 +61,7 @@ def _owner_id() -> int:
 )
 def place_order(ref: str, owner_id: int, quantity: int = 1, seconds: float = 0) -> dict[str, int]:
     order = Order.objects.create(owner_id=owner_id, sku=sku_for(ref), quantity=quantity)
+    _hang(f"placed {ref}")
     time.sleep(seconds)  # the first run holds the key while a duplicate arrives
     return {"order": order.pk, "quantity": quantity}
 
@@ -88,9 +97,7 @@ def charge_order(
         charged = attempt.step("charge", lambda key: charge(provider, amount, key))
     else:  # a later run calls again, with the same key: the provider answers the first charge
         charged = charge(provider, amount, attempt.step_key("charge"))
-    if os.environ.get(HANG_AFTER_CHARGE):
-        print(f"charged {order}", flush=True)
-        time.sleep(60)  # SIGKILLed here: the provider answered, the record is not finished
+    _hang(f"charged {order}")  # killed here: the provider answered, the record is not finished
     return {"charge": charged["id"], "attempt": context.attempt}
 
 
@@ -100,17 +107,25 @@ def charge_order(
 def _checkout(request: HttpRequest) -> JsonResponse:
     body = json.loads(request.body)
     ref = request.headers["Idempotency-Key"]
+    if body.get("die_after_commit"):
+        # The process dies as soon as its transaction has committed: before any answer,
+        # and before any later on_commit hook.
+        transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
     order = Order.objects.create(owner_id=_owner_id(), sku=sku_for(ref), quantity=1)
-    # django-tasks-db writes the task's row in this transaction: it commits with the
-    # order and the record, or rolls back with them.
-    result = charge_order.enqueue(provider=body["provider"], order=ref, amount=body["amount"])
+    enqueue = partial(charge_order.enqueue, provider=body["provider"], order=ref, amount=1)
+    if body.get("on_commit"):
+        # What a backend outside the database needs (or it escapes a rollback): the
+        # enqueue waits for the commit, and a crash in between loses it.
+        transaction.on_commit(enqueue)
+        task = ""
+    else:
+        # django-tasks-db writes the task's row in this transaction: it commits with the
+        # order and the record, or rolls back with them.
+        task = str(enqueue().id)
     time.sleep(float(body.get("seconds", 0)))  # a duplicate arrives meanwhile
     if body.get("fail"):
         raise RuntimeError("the view failed after enqueuing")
-    if body.get("die_after_commit"):
-        # The process dies as soon as its transaction has committed: before any answer.
-        transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
-    return JsonResponse({"order": order.pk, "task": str(result.id)}, status=201)
+    return JsonResponse({"order": order.pk, "task": task}, status=201)
 
 
 def _scope(request: HttpRequest, operation: str) -> str:
