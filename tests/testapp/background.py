@@ -89,14 +89,12 @@ def charge(provider: str, amount: int, key: str) -> dict[str, Any]:
     resolver=run_again,
 )
 def charge_order(
-    context: IdempotentTaskContext, provider: str, order: str, amount: int, recorded: bool = True
+    context: IdempotentTaskContext, provider: str, order: str, amount: int
 ) -> dict[str, Any]:
     attempt = context.idempotency
     assert attempt is current()
-    if recorded:  # a later run gets the charge back without calling the provider
-        charged = attempt.step("charge", lambda key: charge(provider, amount, key))
-    else:  # a later run calls again, with the same key: the provider answers the first charge
-        charged = charge(provider, amount, attempt.step_key("charge"))
+    # Recorded: a later run of the intent gets the charge back without calling the provider.
+    charged = attempt.step("charge", lambda key: charge(provider, amount, key))
     _hang(f"charged {order}")  # killed here: the provider answered, the record is not finished
     return {"charge": charged["id"], "attempt": context.attempt}
 
