@@ -33,4 +33,3 @@ def purge_expired_records(batch_size: int | None = None, database: str | None = 
         database=database, batch_size=batch_size, progress=logged("Purging", "purge_progress")
     )
     return sum(count for _, count in purged)
-

@@ -92,7 +92,9 @@ class Command(BaseCommand):
             said = run()
         except Exception:
             # The next round tries again: one failed pass must not end the scheduler.
-            logger.exception("The %s pass failed.", name, extra={"event": "idempotency.pass_failed"})
+            logger.exception(
+                "The %s pass failed.", name, extra={"event": "idempotency.pass_failed"}
+            )
             return
         if verbosity > 0:
             self.stdout.write(said[0].upper() + said[1:] + ".")
