@@ -273,6 +273,33 @@ def test_the_scheduler_runs_each_pass_once_with_once(capsys):
     assert DBTaskResult.objects.get().status == TaskResultStatus.READY
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduler_runs_until_sigterm_and_outlives_a_failed_pass(monkeypatch, capsys, caplog):
+    from idempotency.management.commands import idempotency_scheduler
+
+    calls = []
+
+    def recover(database: str | None = None) -> list[Any]:
+        calls.append(database)
+        if len(calls) == 1:
+            raise ConnectionError("the database restarts")  # logged; the next round runs
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)  # a deploy stops it during a pass
+        return []
+
+    monkeypatch.setattr(idempotency_scheduler, "recover_everywhere", recover)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        call_command("idempotency_scheduler", recover_every=0.05)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert len(calls) == 3  # stopped after the pass under way
+    assert "The recovery pass failed." in caplog.text
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["Purged 0 records.", "Recovered 0 records.", "Recovered 0 records."]
+
+
 def test_the_scheduler_refuses_a_period_that_is_not_positive():
     from django.core.management.base import CommandError
 
