@@ -15,6 +15,7 @@ database still holds no batch's locks for long.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -29,6 +30,8 @@ from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQu
 from idempotency.progress import Meter, OnProgress
 from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database, store_for
+
+logger = logging.getLogger("idempotency")
 
 
 def purge(
@@ -227,3 +230,26 @@ def purge_orphan_steps_everywhere(
 ) -> list[tuple[Shard, int]]:
     """``purge_orphan_steps`` in every shard: how many steps each lost."""
     return in_every_shard(purge_orphan_steps, database, progress, options)
+
+
+def scheduled_purge(
+    database: str | None = None,
+    batch_size: int | None = None,
+    progress: OnProgress | None = None,
+) -> tuple[int, int]:
+    """The purge a schedule runs (the Celery and ``django.tasks`` purge tasks, the scheduler).
+
+    Every shard's expired records, then any step an earlier release left without
+    its record (logged when there were some). Returns how many records and how
+    many such steps went.
+    """
+    purged = purge_everywhere(database=database, batch_size=batch_size, progress=progress)
+    orphans = purge_orphan_steps_everywhere(database=database, batch_size=batch_size)
+    steps = sum(count for _, count in orphans)
+    if steps:
+        logger.info(
+            "Purged %s steps whose record was gone",
+            steps,
+            extra={"event": "idempotency.orphan_steps_purged", "count": steps},
+        )
+    return sum(count for _, count in purged), steps

@@ -103,8 +103,9 @@ class NotInAttempt(RuntimeError):
             detail
             or "Steps are taken from a running lease-mode attempt: call them from the work of "
             "a view protected with mode='lease' (request.idempotency), an "
-            "@idempotent_function(mode='lease') (idempotency.steps.current()) or an "
-            "IdempotentTask with idempotency_mode='lease' (self.idempotency, bind=True)."
+            "@idempotent_function(mode='lease') (idempotency.steps.current()), an "
+            "IdempotentTask with idempotency_mode='lease' (self.idempotency, bind=True) or an "
+            "@idempotent_task(mode='lease') (context.idempotency, takes_context=True)."
         )
 
 
