@@ -16,13 +16,9 @@ from typing import Any
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
 from idempotency.outcomes import Recovered
+from idempotency.signals import operation_name
 
 logger = logging.getLogger("idempotency")
-
-
-def operation_name(operation: Any) -> str:
-    """Signals carry an ``Operation`` from the protocol or a plain name from recovery."""
-    return str(getattr(operation, "name", operation) or "")
 
 
 def _scope(operation: Any, record: IdempotencyRecord | None) -> str:

@@ -65,6 +65,11 @@ RECEIVER_NAMES: dict[str, Signal] = {
 }
 
 
+def operation_name(operation: Any) -> str:
+    """The name a receiver reports: the protocol sends an ``Operation``, recovery a plain name."""
+    return str(getattr(operation, "name", operation) or "")
+
+
 def send_unkeyed(operation: str, request: Any) -> None:
     """Send ``request_unkeyed`` for ``request`` (a DRF ``Request`` or Django's own)."""
     # Imported here: this module is imported before the app registry is ready

@@ -17,8 +17,10 @@ from typing import Any
 from django.dispatch import Signal
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
+# Nothing here may import the models (idempotency.logs does): Django imports this
+# module to find its AppConfig, before the app registry is ready.
 from idempotency import signals
-from idempotency.logs import operation_name
+from idempotency.signals import operation_name
 
 LABELS = ("operation", "outcome")
 
