@@ -66,6 +66,13 @@ def on_key_in_use(sender: Any, operation: Any, **kwargs: Any) -> None:
     _log(logging.INFO, "in_use", operation, retry_after=kwargs.get("retry_after"))
 
 
+def on_key_under_review(
+    sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any
+) -> None:
+    # A client waits on an operator: the record (its scope in this line) is the one to settle.
+    _log(logging.WARNING, "under_review", operation, record)
+
+
 def on_key_reused(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
     # A client sent another request under a used key: a client bug worth seeing.
     _log(logging.WARNING, "key_reused", operation, record)

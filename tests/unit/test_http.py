@@ -217,11 +217,15 @@ class TestInFlight:
         assert state(record) == before
 
     @override_settings(IDEMPOTENCY={"RETRY_AFTER": 3})
-    def test_needs_review_is_in_use(self, client, user):
+    def test_needs_review_is_its_own_409_without_retry_after(self, client, user):
         pending_order(user, ORDER, needs_review=True)
         response = post(client, "/orders/", ORDER)
         assert response.status_code == 409
-        assert response["Retry-After"] == "3"
+        assert response["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "idempotency_key_under_review"
+        assert "operator" in response.json()["detail"]
+        # No invitation to poll: the answer changes when an operator acts, not with time.
+        assert not response.has_header("Retry-After")
         assert Order.objects.count() == 0
 
     def test_in_flight_with_another_body_is_reused(self, client, user):

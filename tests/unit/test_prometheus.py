@@ -43,6 +43,7 @@ def send_one_of_each() -> None:
     )
     signals.response_replayed.send(sender, record=RECORD, operation=OPERATION)
     signals.key_in_use.send(sender, operation=OPERATION, retry_after=3)
+    signals.key_under_review.send(sender, record=RECORD, operation=OPERATION)
     signals.key_reused.send(sender, record=RECORD, operation=OPERATION)
     signals.record_completed.send(
         sender, record=RECORD, operation=OPERATION, status=Status.FAILED_FINAL
@@ -61,6 +62,7 @@ def test_each_signal_is_counted_by_operation_and_outcome(metrics):
         ("idempotency_claims_total", "replaced"): 1,
         ("idempotency_replays_total", "succeeded"): 1,
         ("idempotency_conflicts_total", "in_use"): 1,
+        ("idempotency_conflicts_total", "under_review"): 1,
         ("idempotency_conflicts_total", "key_reused"): 1,
         ("idempotency_completions_total", "failed_final"): 1,
         ("idempotency_recoveries_total", "released"): 1,

@@ -42,7 +42,7 @@ class SignalCounters:
         )
         self.conflicts = counter(
             "idempotency_conflicts",
-            "Repeats refused (outcome: in_use for 409, key_reused for 422).",
+            "Repeats refused (outcome: in_use and under_review for 409, key_reused for 422).",
         )
         self.completions = counter(
             "idempotency_completions",
@@ -93,6 +93,9 @@ class SignalCounters:
 
     def on_key_in_use(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
         self.conflicts.labels(operation_name(operation), "in_use").inc()
+
+    def on_key_under_review(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
+        self.conflicts.labels(operation_name(operation), "under_review").inc()
 
     def on_key_reused(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
         self.conflicts.labels(operation_name(operation), "key_reused").inc()
