@@ -36,7 +36,13 @@ def check_settings(
     messages += settings_messages(getattr(settings, "IDEMPOTENCY", {}))
     if any(message.is_serious() for message in messages):
         return messages
-    return [*messages, *_lease_mode_under_atomic_requests(), *_replay_cache(), *_pooling()]
+    return [
+        *messages,
+        *_lease_mode_under_atomic_requests(),
+        *_replay_cache(),
+        *_pooling(),
+        *_retryable_shorter_than_step_keys(),
+    ]
 
 
 SETTING = "IDEMPOTENCY"
@@ -278,6 +284,34 @@ _PROCESS_LOCAL_CACHES = (
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.dummy.DummyCache",
 )
+
+
+def _retryable_shorter_than_step_keys() -> list[CheckMessage]:
+    # A step key lives as long as its record: a retryable record that expires before the
+    # provider forgets its keys is replaced by the next retry, with a new seed, so the
+    # provider gets new keys and does the work again while it would have answered the old.
+    window = idempotency_settings.STEP_KEY_WINDOW
+    if window is None:
+        return []
+    windows = {"RETENTION": idempotency_settings.RETENTION}
+    windows.update(
+        (f"OPERATION_RETENTION[{operation!r}]", overrides)
+        for operation, overrides in idempotency_settings.OPERATION_RETENTION.items()
+    )
+    return [
+        Warning(
+            f"IDEMPOTENCY[{name}]['FAILED_RETRYABLE'] is {kept} seconds, shorter than "
+            f"STEP_KEY_WINDOW ({window:g} seconds): a retry after that gets new step keys, "
+            "and a provider that still remembers the old ones (Stripe: for 24 hours) does the "
+            "work again.",
+            hint=f"Keep retryable records at least {window:g} seconds, or set STEP_KEY_WINDOW "
+            "to your providers' shortest idempotency window (None if no operation sends "
+            "step keys; docs/downstream.md, 'How long a step key lives').",
+            id="idempotency.W010",
+        )
+        for name, overrides in windows.items()
+        if (kept := overrides.get("FAILED_RETRYABLE")) is not None and kept < window
+    ]
 
 
 def _replay_cache() -> list[CheckMessage]:

@@ -413,7 +413,7 @@ def test_a_worker_killed_after_the_charge_charges_once(
     _kill_after_charge(worker, tmp_path, provider, "order-1", recorded=recorded)
     _the_lease_ends()
     if released_by == "recovery":
-        # The task's resolver (run_again): the record is released for a retry.
+        # The task's resolver (effects_carry_step_keys): the record is released for a retry.
         assert recover_expired().released == 1
         assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
     # Otherwise the retry itself finds the lease run out, asks the same resolver in the

@@ -89,6 +89,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": 0}),
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": "0.25"}),
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": True}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": 0}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": "24h"}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": True}),
 ]
 
 
@@ -188,7 +191,8 @@ def test_a_shared_replay_cache_passes():
         "ERROR_FORMAT": "drf",
         "REPLAY_HEADERS": ["Location"],
         "RETENTION": {"SUCCEEDED": 3600, "FAILED_FINAL": None},
-        "OPERATION_RETENTION": {"orders": {"FAILED_RETRYABLE": 0}},
+        "OPERATION_RETENTION": {"tests.lease_order": {"FAILED_RETRYABLE": 0}},
+        "STEP_KEY_WINDOW": None,  # no operation sends step keys: retryable records may go
         "DATABASE": "default",
         "SCOPE_FUNCTION": "idempotency.http.default_scope",
         "OUTCOME_POLICY": lambda response: None,
@@ -475,3 +479,45 @@ def test_unapplied_migrations_are_reported_by_check_database_and_by_migrate(unmi
 def test_a_records_table_dropped_behind_the_migrations_back_is_reported(records_table_dropped):
     (message,) = _w007(["default"])
     assert "table idempotency_idempotencyrecord missing" in message.msg
+
+
+# --- retryable records shorter than the providers' window (step keys) -----------------------
+
+
+def step_key_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id == "idempotency.W010"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {},  # one day each: Stripe's window
+        {"RETENTION": {"FAILED_RETRYABLE": None}},  # kept until an operator acts
+        {"RETENTION": {"FAILED_RETRYABLE": 3600}, "STEP_KEY_WINDOW": None},
+        {"RETENTION": {"FAILED_RETRYABLE": 3600}, "STEP_KEY_WINDOW": 3600},
+    ],
+)
+def test_retryable_records_as_long_as_the_step_key_window_pass(setting):
+    with override_settings(IDEMPOTENCY=setting):
+        assert step_key_warnings() == []
+
+
+def test_retryable_records_shorter_than_the_step_key_window_are_warned_about():
+    with override_settings(IDEMPOTENCY={"RETENTION": {"FAILED_RETRYABLE": 3600}}):
+        (message,) = step_key_warnings()
+    assert message.level == WARNING
+    assert message.msg.startswith("IDEMPOTENCY[RETENTION]['FAILED_RETRYABLE'] is 3600 seconds")
+    assert "STEP_KEY_WINDOW (86400 seconds)" in message.msg
+    assert "new step keys" in message.msg
+    assert "STEP_KEY_WINDOW" in (message.hint or "")
+
+
+def test_an_operations_retryable_window_is_checked_too():
+    setting = {
+        "OPERATION_RETENTION": {"tests.lease_order": {"FAILED_RETRYABLE": 600}},
+        "STEP_KEY_WINDOW": 1800,
+    }
+    with override_settings(IDEMPOTENCY=setting):
+        (message,) = step_key_warnings()
+    assert "OPERATION_RETENTION['tests.lease_order']" in message.msg
+    assert "1800 seconds" in message.msg
