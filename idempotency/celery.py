@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from idempotency import steps
 from idempotency.exceptions import DatabaseUnavailable, KeyInUse, KeyReused, KeyUnderReview
 from idempotency.functions import CallGuard
+from idempotency.operations import declare
 from idempotency.options import options_from_attributes
 from idempotency.resolvers import register
 
@@ -60,6 +61,7 @@ class IdempotentTask(Task):
                 f"Task {cls.name} uses IdempotentTask: give it idempotency_key=, a function "
                 "of the task's arguments that returns the key."
             )
+        declare(cls.name)
         if options.resolver is not None:
             register(cls.name, options.resolver)
 

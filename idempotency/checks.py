@@ -10,6 +10,8 @@ views of the URLconf, the replay cache. Only system checks import this module.
 from __future__ import annotations
 
 import difflib
+import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,13 +20,17 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DatabaseError
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils.module_loading import autodiscover_modules
 
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import DEFAULTS, idempotency_settings
-from idempotency.settings_checks import settings_messages
+from idempotency.operations import declared
+from idempotency.settings_checks import closest, settings_messages
 from idempotency.shards import record_databases
 from idempotency.stores import records_database, store_for, transaction_pooled
 from idempotency.unmigrated import missing_per_shard
+
+logger = logging.getLogger("idempotency")
 
 
 @register(Tags.compatibility)
@@ -128,6 +134,70 @@ def check_views(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     return _lease_views_under_atomic_requests()
+
+
+# What a setting that names operations loses for a name no operation has.
+_NAMING_SETTINGS = {
+    "OPERATION_RETENTION": "its windows never apply: the records keep RETENTION's",
+    "RESOLVERS": "no record is ever given that resolver: lost leases go to review",
+}
+
+
+@register(Tags.urls)
+def check_operation_names(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each operation ``OPERATION_RETENTION`` and ``RESOLVERS`` name is one the project declares.
+
+    A typo there is silent otherwise: the default windows apply, no resolver is asked.
+    """
+    user = getattr(settings, SETTING, None)
+    if not isinstance(user, Mapping) or any(m.is_serious() for m in settings_messages(user)):
+        return []  # check_settings reports what is wrong with the dict itself
+    named = [(setting, name) for setting in _NAMING_SETTINGS for name in user.get(setting, {})]
+    if not named:
+        return []
+    try:
+        get_resolver().url_patterns  # noqa: B018 - importing the views declares theirs
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that does not import
+    if any(name not in declared() for _, name in named):
+        _load_celery_tasks()  # only then: tasks are the last place a name can come from
+    known = declared()
+    return [
+        _unknown_operation(setting, name, known) for setting, name in named if name not in known
+    ]
+
+
+def _load_celery_tasks() -> None:
+    # A project with Celery has loaded it by now (its celery.py, imported from the project's
+    # __init__). Its tasks are declared once their modules are imported, as Celery's Django
+    # autodiscovery does (each app's tasks module), and the app has made them (finalize).
+    if "celery" not in sys.modules:
+        return
+    try:
+        autodiscover_modules("tasks")
+        from celery import current_app
+
+        current_app.tasks  # noqa: B018 - finalizing binds each IdempotentTask: it declares
+    except Exception:
+        logger.warning("idempotency.W009 could not load the Celery tasks", exc_info=True)
+
+
+def _unknown_operation(setting: str, name: str, known: frozenset[str]) -> CheckMessage:
+    meant = closest(name, known)
+    hint = f"Did you mean {meant!r}? " if meant is not None else ""
+    return Warning(
+        f"IDEMPOTENCY[{setting!r}] names the operation {name!r}, which no view, function or "
+        f"task of the project declares: {_NAMING_SETTINGS[setting]}.",
+        hint=hint
+        + "An operation is named by its operation= option (idempotency_operation on a DRF "
+        "view), else <module>.<function> for a view or function, <module>.<Class>.<action> "
+        "for a DRF view, and the task's name for a task (docs/checks.md). A name made at "
+        "run time (get_idempotency_operation, Operation(name=...)): add 'idempotency.W009' "
+        "to SILENCED_SYSTEM_CHECKS.",
+        id="idempotency.W009",
+    )
 
 
 @register(Tags.database)

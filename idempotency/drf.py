@@ -40,6 +40,7 @@ from idempotency.http import (
     register_adapter,
 )
 from idempotency.models import Status
+from idempotency.operations import declare
 from idempotency.options import (
     APPLIES,
     ATTRIBUTE_PREFIX,
@@ -146,18 +147,37 @@ class IdempotentMixin:
             options = replace(options, fingerprint=hook)
         cls._idempotency_options = options
         cls._idempotency_by_operation = {}
-        resolver = cls._idempotency_options.resolver
-        if resolver is None:
-            return
-        # Recovery runs where no request ever reached this view: register it by name now.
         operation = cls._idempotency_options.operation
         names = (
             [operation]
             if operation
             else [_operation_name(cls, action) for action in cls.idempotency_resolved_actions]
         )
+        if cls.__module__ != __name__:  # a project's view, not IdempotentCreateMixin itself
+            for name in names:
+                declare(name)
+        resolver = cls._idempotency_options.resolver
+        if resolver is None:
+            return
+        # Recovery runs where no request ever reached this view: register it by name now.
         for name in names:
             register(name, resolver)
+
+    @classmethod
+    def as_view(cls, *args: Any, **kwargs: Any) -> Any:
+        # Which actions a general mixin's view protects, its URL says (a viewset's
+        # {method: action}, an APIView's handlers): the unsafe ones' operations are declared.
+        view = super().as_view(*args, **kwargs)  # type: ignore[misc]
+        if cls._idempotency_options.operation or cls.idempotency_resolved_actions:
+            return view  # declared when the class was made
+        methods: list[str] = getattr(cls, "http_method_names", [])
+        actions: Mapping[str, str] = getattr(view, "actions", None) or {
+            method: method for method in methods if hasattr(cls, method)
+        }
+        for method, action in actions.items():
+            if method.upper() not in SAFE_METHODS:
+                declare(_operation_name(cls, action))
+        return view
 
     def get_idempotency_key(self, request: Request) -> str | None:
         options = self._idempotency_options

@@ -32,6 +32,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from idempotency.conf import idempotency_settings, load_callable
+from idempotency.operations import declare
 
 if TYPE_CHECKING:
     from idempotency.models import IdempotencyRecord
@@ -112,6 +113,7 @@ _registry: dict[str, ResolverSpec] = {}
 
 def register(operation: str, resolver: ResolverSpec) -> None:
     """Name ``resolver`` as the one for ``operation`` (views do this when they are defined)."""
+    declare(operation)  # an operation of the project's, whoever registers its resolver
     _registry[operation] = resolver
 
 

@@ -521,3 +521,148 @@ def test_an_operations_retryable_window_is_checked_too():
         (message,) = step_key_warnings()
     assert "OPERATION_RETENTION['tests.lease_order']" in message.msg
     assert "1800 seconds" in message.msg
+
+
+# --- operations the settings name -------------------------------------------------------------
+
+
+SHIPPED_RESOLVER = "idempotency.resolvers.effects_carry_step_keys"
+
+
+def operation_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id == "idempotency.W009"]
+
+
+@override_settings(ROOT_URLCONF="tests.support.operation_urls")
+def test_every_kind_of_operation_the_project_declares_may_be_named():
+    from tests.support.operation_urls import DECLARED
+
+    setting = {
+        "OPERATION_RETENTION": {name: {"SUCCEEDED": 60} for name in DECLARED},
+        "RESOLVERS": dict.fromkeys(DECLARED, SHIPPED_RESOLVER),
+    }
+    with override_settings(IDEMPOTENCY=setting):
+        assert operation_warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "meant"),
+    [
+        ("OPERATION_RETENTION", "tests.support.operation_urls.Orders.create"),
+        ("RESOLVERS", "tests.support.operation_urls.Shipments.dispatch_now"),
+    ],
+)
+@override_settings(ROOT_URLCONF="tests.support.operation_urls")
+def test_a_misspelled_operation_is_named_with_the_one_meant(setting, meant):
+    typo = meant.replace("Orders.create", "orders.craete").replace("dispatch_now", "dispatch")
+    value = {"SUCCEEDED": 60} if setting == "OPERATION_RETENTION" else SHIPPED_RESOLVER
+    with override_settings(IDEMPOTENCY={setting: {typo: value}}):
+        (message,) = operation_warnings()
+    assert message.level == WARNING
+    assert message.msg.startswith(f"IDEMPOTENCY[{setting!r}] names the operation {typo!r}")
+    assert (message.hint or "").startswith(f"Did you mean {meant!r}?")
+
+
+def test_an_operation_nothing_resembles_is_named_without_a_guess():
+    with override_settings(IDEMPOTENCY={"RESOLVERS": {"zzz": SHIPPED_RESOLVER}}):
+        (message,) = operation_warnings()
+    assert "'zzz'" in message.msg and "lost leases go to review" in message.msg
+    assert not (message.hint or "").startswith("Did you mean")
+
+
+def test_a_settings_dict_with_errors_is_not_checked_for_operation_names():
+    # E014 says what is wrong with the window; the name is looked at once it is valid.
+    bad = {"OPERATION_RETENTION": {"no.such.operation": {"NEEDS_REVIEW": 60}}}
+    with override_settings(IDEMPOTENCY=bad):
+        assert operation_warnings() == []
+        assert our_errors() == ["idempotency.E014"]
+
+
+# A throwaway project in a process of its own, as a user meets it: only what its URLconf
+# and settings import is declared there.
+PROJECT_SETTINGS = """
+import shop.celery  # as a project's __init__ loads its Celery app
+
+SECRET_KEY = "operation-names"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework",
+    "idempotency",
+    "shop",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "shop.urls"
+USE_TZ = True
+IDEMPOTENCY = {
+    "OPERATION_RETENTION": {"shop.urls.OrderViewset.create": {"SUCCEEDED": 7 * 86400}},
+    "RESOLVERS": {
+        "shop.urls.OrderViewSet.craete": "idempotency.resolvers.effects_carry_step_keys",
+        "shop.tasks.ship": "idempotency.resolvers.effects_carry_step_keys",
+        "shop.tasks.shpi": "idempotency.resolvers.effects_carry_step_keys",
+    },
+}
+"""
+
+PROJECT_URLS = """
+from django.urls import path
+from rest_framework import viewsets
+from rest_framework.response import Response
+
+from idempotency import IdempotentCreateMixin
+
+
+class OrderViewSet(IdempotentCreateMixin, viewsets.ViewSet):
+    def create(self, request):
+        return Response(status=201)
+
+
+urlpatterns = [path("orders/", OrderViewSet.as_view({"post": "create"}))]
+"""
+
+# Imported by no URL: Celery's autodiscovery finds it, and so does the check.
+PROJECT_TASKS = """
+from celery import shared_task
+
+from idempotency.celery import IdempotentTask
+
+
+@shared_task(base=IdempotentTask, idempotency_key=lambda order: order, idempotency_mode="lease")
+def ship(order):
+    pass
+"""
+
+PROJECT_CELERY = """
+from celery import Celery
+
+app = Celery("shop")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+"""
+
+
+def test_a_fresh_project_is_told_of_its_misspelled_operations(tmp_path):
+    import subprocess
+
+    from tests.support.processes import ROOT, process_env, python
+
+    (tmp_path / "shop_settings.py").write_text(PROJECT_SETTINGS)
+    package = tmp_path / "shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "urls.py").write_text(PROJECT_URLS)
+    (package / "tasks.py").write_text(PROJECT_TASKS)
+    (package / "celery.py").write_text(PROJECT_CELERY)
+    env = process_env(
+        database=False, DJANGO_SETTINGS_MODULE="shop_settings", PYTHONPATH=f"{tmp_path}:{ROOT}"
+    )
+    checked = subprocess.run(
+        python("-m", "django", "check"), cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr  # warnings: the project still starts
+    report = checked.stderr
+    assert report.count("(idempotency.W009)") == 3
+    assert "'shop.urls.OrderViewset.create', which no view, function or task" in report
+    assert "'shop.urls.OrderViewSet.craete'" in report
+    assert report.count("Did you mean 'shop.urls.OrderViewSet.create'?") == 2
+    assert "Did you mean 'shop.tasks.ship'?" in report  # shpi; ship itself is declared
