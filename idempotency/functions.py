@@ -237,4 +237,5 @@ def _record_result(value: Any, attempt: Attempt) -> Outcome:
 
 
 def _stored_result(record: IdempotencyRecord) -> Any:
-    return json.loads(bytes(record.response_body)) if record.response_body is not None else None
+    # No body, or an empty one (an operator marked the call succeeded without a result): None.
+    return json.loads(bytes(record.response_body)) if record.response_body else None

@@ -73,6 +73,27 @@ def test_a_redelivery_of_an_event_under_review_raises_key_under_review():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "result"), [(b"", None), (b'{"handled": "by hand"}', {"handled": "by hand"})]
+)
+def test_a_call_an_operator_marked_succeeded_returns_the_result_given(body, result):
+    from idempotency.outcomes import StoredResponse
+    from idempotency.recovery import mark_records
+
+    event = {"id": "evt_marked", "amount": 5}
+    handle(event)
+    IdempotencyRecord.objects.update(status=Status.NEEDS_REVIEW, expires_at=None)
+    report = mark_records(
+        IdempotencyRecord.objects.all(),
+        Status.SUCCEEDED,
+        responses=lambda record: StoredResponse(200, [], body),
+    )
+    assert len(report.changes) == 1
+    assert handle(event) == result
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db
 def test_exception_records_nothing_and_the_event_can_be_redelivered():
     for _ in range(2):
         with pytest.raises(RuntimeError):
