@@ -475,6 +475,21 @@ def test_unapplied_migrations_are_reported_by_check_database_and_by_migrate(unmi
     assert _w007(["default"]) == []
 
 
+@pytest.mark.django_db
+@override_settings(REST_FRAMEWORK={"EXCEPTION_HANDLER": "myproject.api.errors.handler"})
+def test_after_migrate_check_database_reports_only_the_projects_own_choices():
+    # docs/quickstart.md: W007 is gone once migrated; I001 stays while a handler of the
+    # project's own sits beside the default ERROR_FORMAT, until the project chooses.
+    checked = StringIO()
+    call_command("check", databases=["default"], stdout=checked, stderr=checked)
+    assert "idempotency.W007" not in checked.getvalue()
+    assert "idempotency.I001" in checked.getvalue()
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"}):
+        chosen = StringIO()
+        call_command("check", databases=["default"], stdout=chosen, stderr=chosen)
+    assert "no issues" in chosen.getvalue()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_records_table_dropped_behind_the_migrations_back_is_reported(records_table_dropped):
     (message,) = _w007(["default"])
