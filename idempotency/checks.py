@@ -363,14 +363,14 @@ def _retryable_shorter_than_step_keys() -> list[CheckMessage]:
     window = idempotency_settings.STEP_KEY_WINDOW
     if window is None:
         return []
-    windows = {"RETENTION": idempotency_settings.RETENTION}
+    windows = {"['RETENTION']": idempotency_settings.RETENTION}
     windows.update(
-        (f"OPERATION_RETENTION[{operation!r}]", overrides)
+        (f"['OPERATION_RETENTION'][{operation!r}]", overrides)
         for operation, overrides in idempotency_settings.OPERATION_RETENTION.items()
     )
     return [
         Warning(
-            f"IDEMPOTENCY[{name}]['FAILED_RETRYABLE'] is {kept} seconds, shorter than "
+            f"IDEMPOTENCY{name}['FAILED_RETRYABLE'] is {kept:g} seconds, shorter than "
             f"STEP_KEY_WINDOW ({window:g} seconds): a retry after that gets new step keys, "
             "and a provider that still remembers the old ones (Stripe: for 24 hours) does the "
             "work again.",

@@ -521,7 +521,7 @@ def test_retryable_records_shorter_than_the_step_key_window_are_warned_about():
     with override_settings(IDEMPOTENCY={"RETENTION": {"FAILED_RETRYABLE": 3600}}):
         (message,) = step_key_warnings()
     assert message.level == WARNING
-    assert message.msg.startswith("IDEMPOTENCY[RETENTION]['FAILED_RETRYABLE'] is 3600 seconds")
+    assert message.msg.startswith("IDEMPOTENCY['RETENTION']['FAILED_RETRYABLE'] is 3600 seconds")
     assert "STEP_KEY_WINDOW (86400 seconds)" in message.msg
     assert "new step keys" in message.msg
     assert "STEP_KEY_WINDOW" in (message.hint or "")
@@ -534,7 +534,9 @@ def test_an_operations_retryable_window_is_checked_too():
     }
     with override_settings(IDEMPOTENCY=setting):
         (message,) = step_key_warnings()
-    assert "OPERATION_RETENTION['tests.lease_order']" in message.msg
+    assert "IDEMPOTENCY['OPERATION_RETENTION']['tests.lease_order']['FAILED_RETRYABLE']" in (
+        message.msg
+    )
     assert "1800 seconds" in message.msg
 
 
