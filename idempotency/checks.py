@@ -13,14 +13,15 @@ import difflib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import import_module
 from typing import Any
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DatabaseError
 from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import module_has_submodule
 
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import DEFAULTS, idempotency_settings
@@ -162,26 +163,38 @@ def check_operation_names(
     except Exception:
         return []  # Django's own URL checks report a URLconf that does not import
     if any(name not in declared() for _, name in named):
-        _load_celery_tasks()  # only then: tasks are the last place a name can come from
+        _load_task_modules()  # only then: tasks are the last place a name can come from
     known = declared()
     return [
         _unknown_operation(setting, name, known) for setting, name in named if name not in known
     ]
 
 
-def _load_celery_tasks() -> None:
-    # A project with Celery has loaded it by now (its celery.py, imported from the project's
-    # __init__). Its tasks are declared once their modules are imported, as Celery's Django
-    # autodiscovery does (each app's tasks module), and the app has made them (finalize).
-    if "celery" not in sys.modules:
-        return
-    try:
-        autodiscover_modules("tasks")
-        from celery import current_app
+# The task frameworks a project that has tasks has loaded by now: Celery (its celery.py,
+# imported from the project's __init__), Django's tasks (6.0+) or their backport.
+_TASK_FRAMEWORKS = ("celery", "django.tasks", "django_tasks")
 
-        current_app.tasks  # noqa: B018 - finalizing binds each IdempotentTask: it declares
-    except Exception:
-        logger.warning("idempotency.W009 could not load the Celery tasks", exc_info=True)
+
+def _load_task_modules() -> None:
+    # Tasks are declared once their modules are imported: each app's tasks module, as
+    # Celery's Django autodiscovery imports it (this app's own holds no operation). Celery
+    # makes the tasks themselves when its app is finalized.
+    if not any(name in sys.modules for name in _TASK_FRAMEWORKS):
+        return
+    for config in apps.get_app_configs():
+        if config.name == "idempotency" or not module_has_submodule(config.module, "tasks"):
+            continue
+        try:
+            import_module(f"{config.name}.tasks")
+        except Exception:
+            logger.warning("idempotency.W009 could not import %s.tasks", config.name, exc_info=True)
+    if "celery" in sys.modules:
+        try:
+            from celery import current_app
+
+            current_app.tasks  # noqa: B018 - finalizing binds each IdempotentTask: it declares
+        except Exception:
+            logger.warning("idempotency.W009 could not finalize the Celery app", exc_info=True)
 
 
 def _unknown_operation(setting: str, name: str, known: frozenset[str]) -> CheckMessage:

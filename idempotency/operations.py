@@ -3,7 +3,8 @@
 
 Each entry point declares the operation its records are kept under when it is
 defined: ``@idempotent`` (plain Django and DRF function views, view methods) and
-django-ninja's when they decorate, ``@idempotent_function`` likewise, a DRF view
+django-ninja's when they decorate, ``@idempotent_function`` and ``@idempotent_task``
+likewise (their guard), a DRF view
 class when it is made (its ``idempotency_operation``, or ``create`` and ``post``
 for ``IdempotentCreateMixin``) and when its URL is made (``as_view()``: the
 actions it serves), an ``IdempotentTask`` when Celery binds it (its name), and

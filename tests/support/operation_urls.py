@@ -18,7 +18,13 @@ from rest_framework.views import APIView
 
 from idempotency import IdempotentCreateMixin, IdempotentMixin, idempotent, idempotent_function
 from idempotency.celery import IdempotentTask
+from idempotency.django_tasks import idempotent_task
 from idempotency.ninja import idempotent as ninja_idempotent
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task  # type: ignore[no-redef]
 
 MODULE = __name__
 
@@ -76,6 +82,12 @@ def ship(order: str) -> None:
     pass
 
 
+@task()
+@idempotent_task(key=lambda order: order)
+def invoice(order: str) -> None:
+    pass
+
+
 router = routers.SimpleRouter()
 router.register("shipments", Shipments, basename="shipment")
 
@@ -99,4 +111,5 @@ DECLARED = [
     f"{MODULE}.transfer",
     f"{MODULE}.consume",
     "tests.operations.ship",
+    f"{MODULE}.invoice",
 ]

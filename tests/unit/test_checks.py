@@ -658,18 +658,17 @@ app.autodiscover_tasks()
 """
 
 
-def test_a_fresh_project_is_told_of_its_misspelled_operations(tmp_path):
+def checked_project(tmp_path: Path, settings: str, shop: dict[str, str]) -> str:
+    """``manage.py check``'s report on a project of ``settings`` and a ``shop`` app's files."""
     import subprocess
 
     from tests.support.processes import ROOT, process_env, python
 
-    (tmp_path / "shop_settings.py").write_text(PROJECT_SETTINGS)
+    (tmp_path / "shop_settings.py").write_text(settings)
     package = tmp_path / "shop"
     package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "urls.py").write_text(PROJECT_URLS)
-    (package / "tasks.py").write_text(PROJECT_TASKS)
-    (package / "celery.py").write_text(PROJECT_CELERY)
+    for name, text in {"__init__.py": "", **shop}.items():
+        (package / name).write_text(text)
     env = process_env(
         database=False, DJANGO_SETTINGS_MODULE="shop_settings", PYTHONPATH=f"{tmp_path}:{ROOT}"
     )
@@ -677,9 +676,59 @@ def test_a_fresh_project_is_told_of_its_misspelled_operations(tmp_path):
         python("-m", "django", "check"), cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stderr  # warnings: the project still starts
-    report = checked.stderr
+    return checked.stderr
+
+
+def test_a_fresh_project_is_told_of_its_misspelled_operations(tmp_path):
+    shop = {"urls.py": PROJECT_URLS, "tasks.py": PROJECT_TASKS, "celery.py": PROJECT_CELERY}
+    report = checked_project(tmp_path, PROJECT_SETTINGS, shop)
     assert report.count("(idempotency.W009)") == 3
     assert "'shop.urls.OrderViewset.create', which no view, function or task" in report
     assert "'shop.urls.OrderViewSet.craete'" in report
     assert report.count("Did you mean 'shop.urls.OrderViewSet.create'?") == 2
     assert "Did you mean 'shop.tasks.ship'?" in report  # shpi; ship itself is declared
+
+
+# Django's tasks framework instead of Celery: a task its URLconf does not import either.
+DJANGO_TASKS_SETTINGS = """
+SECRET_KEY = "operation-names"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_tasks_db",
+    "idempotency",
+    "shop",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "shop.urls"
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+USE_TZ = True
+IDEMPOTENCY = {
+    "RESOLVERS": {
+        "shop.tasks.invoice": "idempotency.resolvers.effects_carry_step_keys",
+        "shop.tasks.invoce": "idempotency.resolvers.effects_carry_step_keys",
+    },
+}
+"""
+
+DJANGO_TASKS_TASKS = """
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+from idempotency.django_tasks import idempotent_task
+
+
+@task()
+@idempotent_task(key=lambda order: order, mode="lease")
+def invoice(order):
+    pass
+"""
+
+
+def test_a_fresh_project_on_djangos_tasks_is_told_of_its_misspelled_task(tmp_path):
+    shop = {"urls.py": "urlpatterns = []\n", "tasks.py": DJANGO_TASKS_TASKS}
+    report = checked_project(tmp_path, DJANGO_TASKS_SETTINGS, shop)
+    assert report.count("(idempotency.W009)") == 1
+    assert "'shop.tasks.invoce'" in report and "Did you mean 'shop.tasks.invoice'?" in report
