@@ -16,13 +16,9 @@ from typing import Any
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
 from idempotency.outcomes import Recovered
+from idempotency.signals import operation_name
 
 logger = logging.getLogger("idempotency")
-
-
-def operation_name(operation: Any) -> str:
-    """Signals carry an ``Operation`` from the protocol or a plain name from recovery."""
-    return str(getattr(operation, "name", operation) or "")
 
 
 def _scope(operation: Any, record: IdempotencyRecord | None) -> str:
@@ -68,6 +64,13 @@ def on_replayed(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs
 
 def on_key_in_use(sender: Any, operation: Any, **kwargs: Any) -> None:
     _log(logging.INFO, "in_use", operation, retry_after=kwargs.get("retry_after"))
+
+
+def on_key_under_review(
+    sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any
+) -> None:
+    # A client waits on an operator: the record (its scope in this line) is the one to settle.
+    _log(logging.WARNING, "under_review", operation, record)
 
 
 def on_key_reused(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:

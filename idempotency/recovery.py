@@ -27,7 +27,7 @@ from django.utils.translation import gettext_lazy as _
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
-from idempotency.outcomes import Recovered
+from idempotency.outcomes import Recovered, StoredResponse
 from idempotency.progress import Meter, OnProgress
 from idempotency.protocol.states import (
     can_transition,
@@ -183,6 +183,7 @@ NOT_RESOLVABLE = _(
     "resolved, and not while another worker holds it."
 )
 ResourceIds = Callable[[IdempotencyRecord], "str | None"]
+Responses = Callable[[IdempotencyRecord], "StoredResponse | None"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,12 @@ class Change:
                 "old": before.resource_id,
                 "new": after.resource_id,
             }
+        replayed = (after.response_status, bytes(after.response_body or b""))
+        if replayed != (before.response_status, bytes(before.response_body or b"")):
+            message += " " + gettext("Repeats get status %(status)s, %(size)d bytes.") % {
+                "status": after.response_status,
+                "size": len(replayed[1]),
+            }
         return message
 
 
@@ -226,17 +233,21 @@ def mark_records(
     target: Status,
     *,
     resource_ids: ResourceIds | None = None,
+    responses: Responses | None = None,
 ) -> ResolutionReport:
     """Move each record to ``target`` (``SUCCEEDED``, ``FAILED_RETRYABLE``, ``FAILED_FINAL``).
 
     ``resource_ids(record)`` gives what the first run created (``None`` keeps
     what is stored): with ``SUCCEEDED``, repeats then get the stored outcome.
+    ``responses(record)`` gives that outcome: what repeats are answered (``None``
+    keeps what is stored; with none stored, an empty ``200``).
     """
     report = ResolutionReport()
     for record in records:
         resource_id = resource_ids(record) if resource_ids else None
+        response = responses(record) if responses else None
         try:
-            updated = _transition(record, target, resource_id)
+            updated = _transition(record, target, resource_id, response)
         except TransitionNotAllowed as error:
             report.refused.append(f"{record}: {error.detail}")
             continue
@@ -245,14 +256,19 @@ def mark_records(
 
 
 def _transition(
-    record: IdempotencyRecord, target: Status, resource_id: str | None
+    record: IdempotencyRecord,
+    target: Status,
+    resource_id: str | None,
+    response: StoredResponse | None = None,
 ) -> IdempotencyRecord:
     if not can_transition(record, target):
         raise TransitionNotAllowed(
             gettext("a %(status)s record cannot become %(target)s: %(rule)s")
             % {"status": record.status, "target": target, "rule": NOT_RESOLVABLE}
         )
-    return transition(record, target, resource_id=resource_id, using=record._state.db)
+    return transition(
+        record, target, resource_id=resource_id, response=response, using=record._state.db
+    )
 
 
 def run_resolvers(records: Iterable[IdempotencyRecord]) -> ResolutionReport:

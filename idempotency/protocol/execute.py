@@ -34,6 +34,7 @@ from idempotency.exceptions import (
     DatabaseUnavailable,
     IdempotencyError,
     KeyReused,
+    KeyUnderReview,
     LeaseLost,
 )
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
@@ -149,7 +150,7 @@ def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], repl
             if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
                 raise busy(operation) from exc
         except InFlightHere as held:
-            raise in_use(operation, held.found) from None
+            raise _held(operation, held.found) from None
     if ran:
         return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
@@ -350,8 +351,8 @@ def _claim_or_wait(operation: Operation) -> Claimed:
     except InFlightHere as held:
         found = held.found
     connection = transaction.get_connection(operation.database)
-    if operation.wait_for <= 0 or connection.in_atomic_block:
-        raise in_use(operation, found)
+    if operation.wait_for <= 0 or connection.in_atomic_block or _under_review(found):
+        raise _held(operation, found)
     deadline = time.monotonic() + operation.wait_for
     with waiters.admitted() as admitted:
         while admitted and (left := deadline - time.monotonic()) > 0:
@@ -360,7 +361,7 @@ def _claim_or_wait(operation: Operation) -> Claimed:
                 return _claim_committed(operation)
             except InFlightHere as held:
                 found = held.found
-    raise in_use(operation, found)
+    raise _held(operation, found)
 
 
 def _claim_committed(operation: Operation) -> Claimed:
@@ -433,7 +434,7 @@ def _answer(operation: Operation, found: Found | None, replay: Replay[T]) -> T:
     """What the claim found instead of a key to run: a recorded outcome, or no outcome yet."""
     assert found is not None
     if found.record.status not in REPLAYABLE:
-        raise in_use(operation, found, unresolved=True)  # a lost lease, outcome unknown
+        raise _held(operation, found, unresolved=True)  # a lost lease, outcome unknown
     return _replay(operation, found.record, replay)
 
 
@@ -447,6 +448,23 @@ def _replay(
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
+
+
+def _held(operation: Operation, found: Found, *, unresolved: bool = False) -> IdempotencyError:
+    """The answer to a key whose record has no outcome to replay.
+
+    In use while an attempt holds it (or the resolver is asked again once its pause
+    ends); under review once it waits for an operator, which no wait of a client's
+    shortens: a 409 of its own, without ``Retry-After``.
+    """
+    if _under_review(found):
+        signals.key_under_review.send(IdempotencyRecord, record=found.record, operation=operation)
+        return KeyUnderReview()
+    return in_use(operation, found, unresolved=unresolved)
+
+
+def _under_review(found: Found) -> bool:
+    return found.record.status == Status.NEEDS_REVIEW
 
 
 class ReplayShare:

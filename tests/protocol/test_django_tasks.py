@@ -127,6 +127,21 @@ def test_the_same_key_with_other_arguments_fails_with_key_reused():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_run_whose_record_waits_for_an_operator_fails_with_key_under_review():
+    owner = UserFactory()
+    first = place_order.enqueue("o-review", owner.pk, 1)
+    run_worker_here()
+    # As a lost lease no resolver could settle leaves it: an operator's to decide.
+    IdempotencyRecord.objects.update(status=Status.NEEDS_REVIEW, expires_at=None)
+    again = place_order.enqueue("o-review", owner.pk, 1)
+    run_worker_here()
+    assert finished(first).status == TaskResultStatus.SUCCESSFUL
+    assert finished(again).status == TaskResultStatus.FAILED
+    assert error_of(again) == "idempotency.exceptions.KeyUnderReview"
+    assert Order.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_context_task_keeps_its_context_out_of_the_intent(provider):
     # Two runs have two contexts (another task result, another attempt number): one intent.
     first = charge_order.enqueue(provider=provider.url, order="c-1", amount=500)

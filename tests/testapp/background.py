@@ -23,7 +23,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from idempotency import IdempotencyRecord, Resolution, idempotent
+from idempotency import idempotent
 from idempotency.django_tasks import IdempotentTaskContext, idempotent_task
 from idempotency.steps import current
 
@@ -66,11 +66,6 @@ def place_order(ref: str, owner_id: int, quantity: int = 1, seconds: float = 0) 
     return {"order": order.pk, "quantity": quantity}
 
 
-def run_again(record: IdempotencyRecord) -> Resolution:
-    """A lost run is run again: its charge is keyed by the step, so not made twice."""
-    return Resolution.not_done()
-
-
 def charge(provider: str, amount: int, key: str) -> dict[str, Any]:
     answer = httpx.post(
         f"{provider}/charges",
@@ -86,7 +81,8 @@ def charge(provider: str, amount: int, key: str) -> dict[str, Any]:
     key=lambda order, **_: order,
     mode="lease",
     lease_seconds=LEASE_SECONDS,
-    resolver=run_again,
+    # A lost run is run again: its charge is keyed by the step, so not made twice.
+    resolver="idempotency.resolvers.effects_carry_step_keys",
 )
 def charge_order(
     context: IdempotentTaskContext, provider: str, order: str, amount: int

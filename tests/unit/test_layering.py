@@ -93,6 +93,7 @@ LAYERS: list[set[str]] = [
         "idempotency.keys",
         "idempotency.fingerprint",
         "idempotency.resolvers",
+        "idempotency.operations",
         "idempotency.compat",
         "idempotency.progress",
     },

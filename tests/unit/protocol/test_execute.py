@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,13 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from idempotency import signals
 from idempotency.conf import retention_for
-from idempotency.exceptions import CrossDatabaseWrite, KeyInUse, KeyReused, LeaseLost
+from idempotency.exceptions import (
+    CrossDatabaseWrite,
+    KeyInUse,
+    KeyReused,
+    KeyUnderReview,
+    LeaseLost,
+)
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
@@ -308,14 +315,21 @@ class TestExistingStates:
         assert business.run() == "replayed"
         assert bytes(business.replays[0].response_body) == b'{"id": 7, "sku": "stored"}'
 
-    def test_needs_review_is_in_use(self, business):
+    def test_needs_review_is_under_review_not_in_use(self, business):
         review = existing("needs_review")
         before = snapshot(review)
-        with pytest.raises(KeyInUse) as caught:
+        with (
+            received(signals.key_under_review) as reviews,
+            received(signals.key_in_use) as conflicts,
+            pytest.raises(KeyUnderReview) as caught,
+        ):
             business.run()
-        assert caught.value.retry_after >= 1
+        assert not isinstance(caught.value, KeyInUse)
+        assert not hasattr(caught.value, "retry_after")  # no wait of the client's resolves it
         assert business.runs == 0
         assert snapshot(review) == before
+        assert [sent["record"].pk for sent in reviews] == [review.pk]
+        assert conflicts == []
 
     def test_in_flight_is_in_use_with_a_short_retry_after(self, business):
         in_flight = existing("in_flight")  # lease live for 60 s
@@ -326,12 +340,10 @@ class TestExistingStates:
         assert record().owner_token == in_flight.owner_token
         assert conflicts[0]["retry_after"] == caught.value.retry_after
 
-    @override_settings(IDEMPOTENCY={"RETRY_AFTER": 7})
-    def test_expired_lease_is_in_use_not_rerun(self, business):
+    def test_expired_lease_is_not_rerun_but_put_under_review(self, business):
         existing("expired_lease")
-        with pytest.raises(KeyInUse) as caught:
+        with pytest.raises(KeyUnderReview):
             business.run()
-        assert caught.value.retry_after == 7
         assert business.runs == 0
         # No resolver can say what happened: an operator must (tests/protocol/test_lease.py).
         assert record().status == Status.NEEDS_REVIEW
@@ -352,6 +364,15 @@ class TestLeaseMode:
 
     def lease_op(self, **changes: Any) -> Operation:
         return operation(mode="lease", lease_seconds=30, **changes)
+
+    def test_a_duplicate_of_a_record_under_review_does_not_wait_for_it(self, business):
+        existing("needs_review", self.lease_op())
+        started = time.monotonic()
+        with pytest.raises(KeyUnderReview):
+            business.run(self.lease_op(wait_seconds=5))
+        # No outcome is coming until an operator acts: answered at once, not after the wait.
+        assert time.monotonic() - started < 2
+        assert business.runs == 0
 
     def test_claim_is_committed_before_the_work_runs(self, business):
         seen: dict[str, Any] = {}
