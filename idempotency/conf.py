@@ -78,7 +78,7 @@ DEFAULTS: dict[str, Any] = {
     # How long the providers that step keys are sent to remember a key (Stripe: 24 hours).
     # A retryable record kept for less loses its seed while the provider would still have
     # answered a retry from the first call (check idempotency.W010); a lost attempt whose
-    # first step key is older is not released by resolvers.effects_carry_step_keys.
+    # first step key is older is not released by steps.effects_carry_step_keys.
     "STEP_KEY_WINDOW": 24 * 3600,
     "REPLAY_CACHE": None,
     "READ_FIRST": "auto",

@@ -14,8 +14,8 @@ A view names its resolver (``resolver=`` on ``@idempotent``, or
 ``idempotency_resolver`` on a DRF view); otherwise
 ``IDEMPOTENCY["RESOLVERS"][operation_name]`` is used.
 
-``effects_carry_step_keys`` is one the library ships, for work whose every
-external effect carries its step key (docs/downstream.md).
+``idempotency.steps.effects_carry_step_keys`` is one the library ships, for work
+whose every external effect carries its step key (docs/downstream.md).
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from django.db import transaction
-from django.db.models import F
-from django.utils import timezone
 
 from idempotency.conf import idempotency_settings, load_callable
 from idempotency.operations import declare
@@ -62,46 +59,6 @@ class Resolution:
     @classmethod
     def unknown(cls) -> Resolution:
         return cls("unknown")
-
-
-def effects_carry_step_keys(record: IdempotencyRecord) -> Resolution:
-    """Release a lost attempt for a retry: each of its external effects carried a step key.
-
-    The operation's work says so by sending ``attempt.step_key(...)`` with every call
-    to another idempotent API (and by keeping its own writes safe to repeat): a retry
-    sends the same keys, so each provider answers it with what the lost attempt did
-    and does nothing twice. "Not done" here means "safe to run again".
-
-    Answers "unknown" (asked again, then an operator's) once the request's first step
-    key is older than ``STEP_KEY_WINDOW``: the provider may have forgotten it by now,
-    and a retry would do the work again.
-    """
-    first_keyed = _first_step_keyed(record)
-    if first_keyed is None:
-        return Resolution.not_done()  # no step was ever keyed: nothing left the process
-    window = idempotency_settings.STEP_KEY_WINDOW
-    if window is not None and timezone.now() - first_keyed >= timedelta(seconds=window):
-        logger.warning(
-            "idempotency record %s keyed its first step more than STEP_KEY_WINDOW (%s s) "
-            "ago: its provider may have forgotten the key, so it is not released for retry",
-            record.pk,
-            window,
-            extra={"scope": record.scope, "record": record.pk},
-        )
-        return Resolution.unknown()
-    return Resolution.not_done()
-
-
-def _first_step_keyed(record: IdempotencyRecord) -> datetime | None:
-    """When ``record``'s request wrote its seed (``idempotency.steps``): before any step key."""
-    # Imported here: the resolver contract imports no model (IdempotencyRecord is a type only).
-    from idempotency.models import IdempotencyStep
-
-    # The seed row: no step key, written for the record's current request (its created_at).
-    seed = IdempotencyStep.objects.using(record._state.db or "default").filter(
-        record_id=record.pk, step_key="", request_started=F("record__created_at")
-    )
-    return seed.values_list("created_at", flat=True).first()
 
 
 Resolver = Callable[["IdempotencyRecord"], Resolution]

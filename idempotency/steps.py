@@ -33,21 +33,26 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
+from django.utils import timezone
 
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord
+from idempotency.resolvers import Resolution
 from idempotency.stores import records_database, store_for
 
 __all__ = [
     "KEY_PREFIX",
+    "effects_carry_step_keys",
     "NotInAttempt",
     "StepNotRecorded",
     "current",
@@ -58,6 +63,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("idempotency")
 
 KEY_PREFIX = "idem_"
 VERSION = "idempotency-step/1"
@@ -190,6 +197,35 @@ def key_for_record(record: IdempotencyRecord, name: str, position: int | None = 
     if seed is None:
         return None
     return derive(seed, record.scope, record.idem_key, name, position)
+
+
+def effects_carry_step_keys(record: IdempotencyRecord) -> Resolution:
+    """A resolver: release a lost attempt for a retry, each of its external effects keyed.
+
+    The operation's work says so by sending ``attempt.step_key(...)`` with every call
+    to another idempotent API (and by keeping its own writes safe to repeat): a retry
+    sends the same keys, so each provider answers it with what the lost attempt did
+    and does nothing twice. "Not done" here means "safe to run again".
+
+    Answers "unknown" (asked again, then an operator's) once the request's first step
+    key is older than ``STEP_KEY_WINDOW``: the provider may have forgotten it by now,
+    and a retry would do the work again.
+    """
+    store = store_for(record._state.db or records_database(record=record))
+    first_keyed = store.seeded_at(record.pk)  # the seed is written before any step key
+    if first_keyed is None:
+        return Resolution.not_done()  # no step was ever keyed: nothing left the process
+    window = idempotency_settings.STEP_KEY_WINDOW
+    if window is not None and timezone.now() - first_keyed >= timedelta(seconds=window):
+        logger.warning(
+            "idempotency record %s keyed its first step more than STEP_KEY_WINDOW (%s s) "
+            "ago: its provider may have forgotten the key, so it is not released for retry",
+            record.pk,
+            window,
+            extra={"scope": record.scope, "record": record.pk},
+        )
+        return Resolution.unknown()
+    return Resolution.not_done()
 
 
 def _check_step(name: object, position: object) -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connections
@@ -418,6 +418,10 @@ class Store(ABC):
 
         With ``token``, only while that owner holds the record in flight (fenced).
         """
+
+    @abstractmethod
+    def seeded_at(self, pk: int) -> datetime | None:
+        """When the seed of the request record ``pk`` holds now was written, if it was."""
 
     @abstractmethod
     def plant_seed(self, pk: int, token: str, seed: str) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -254,12 +254,19 @@ class GenericStore(Store):
     # Steps
 
     def seed(self, pk: int, token: str | None = None) -> str | None:
-        seeds = self.steps().filter(
-            record_id=pk, step_key="", request_started=F("record__created_at")
-        )
+        seeds = self.current_seed(pk)
         if token is not None:
             seeds = seeds.filter(record__owner_token=token, record__status=Status.PROCESSING)
         return seeds.values_list("seed", flat=True).first()
+
+    def seeded_at(self, pk: int) -> datetime | None:
+        return self.current_seed(pk).values_list("created_at", flat=True).first()
+
+    def current_seed(self, pk: int) -> QuerySet[IdempotencyStep]:
+        """The seed row of the request record ``pk`` holds now (its ``created_at``)."""
+        return self.steps().filter(
+            record_id=pk, step_key="", request_started=F("record__created_at")
+        )
 
     def plant_seed(self, pk: int, token: str, seed: str) -> str | None:
         with transaction.atomic(using=self.alias):

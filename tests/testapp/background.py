@@ -82,7 +82,7 @@ def charge(provider: str, amount: int, key: str) -> dict[str, Any]:
     mode="lease",
     lease_seconds=LEASE_SECONDS,
     # A lost run is run again: its charge is keyed by the step, so not made twice.
-    resolver="idempotency.resolvers.effects_carry_step_keys",
+    resolver="idempotency.steps.effects_carry_step_keys",
 )
 def charge_order(
     context: IdempotentTaskContext, provider: str, order: str, amount: int

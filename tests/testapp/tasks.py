@@ -119,7 +119,7 @@ HANG_AFTER_CHARGE = "IDEMPOTENCY_TEST_HANG_AFTER_CHARGE"
     idempotency_lease_seconds=STEP_LEASE_SECONDS,
     # Its one external effect carries the step's key: a lost run is released for a retry,
     # which the provider answers with the first charge (a recorded step is not even sent).
-    idempotency_resolver="idempotency.resolvers.effects_carry_step_keys",
+    idempotency_resolver="idempotency.steps.effects_carry_step_keys",
     max_retries=10,
 )
 def charge_order(

@@ -543,7 +543,7 @@ def test_an_operations_retryable_window_is_checked_too():
 # --- operations the settings name -------------------------------------------------------------
 
 
-SHIPPED_RESOLVER = "idempotency.resolvers.effects_carry_step_keys"
+SHIPPED_RESOLVER = "idempotency.steps.effects_carry_step_keys"
 
 
 def operation_warnings() -> list[Any]:
@@ -614,9 +614,9 @@ USE_TZ = True
 IDEMPOTENCY = {
     "OPERATION_RETENTION": {"shop.urls.OrderViewset.create": {"SUCCEEDED": 7 * 86400}},
     "RESOLVERS": {
-        "shop.urls.OrderViewSet.craete": "idempotency.resolvers.effects_carry_step_keys",
-        "shop.tasks.ship": "idempotency.resolvers.effects_carry_step_keys",
-        "shop.tasks.shpi": "idempotency.resolvers.effects_carry_step_keys",
+        "shop.urls.OrderViewSet.craete": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.ship": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.shpi": "idempotency.steps.effects_carry_step_keys",
     },
 }
 """
@@ -705,8 +705,8 @@ TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 USE_TZ = True
 IDEMPOTENCY = {
     "RESOLVERS": {
-        "shop.tasks.invoice": "idempotency.resolvers.effects_carry_step_keys",
-        "shop.tasks.invoce": "idempotency.resolvers.effects_carry_step_keys",
+        "shop.tasks.invoice": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.invoce": "idempotency.steps.effects_carry_step_keys",
     },
 }
 """

@@ -1,4 +1,4 @@
-"""The resolvers the library ships: ``effects_carry_step_keys``."""
+"""The resolver idempotency.steps ships: ``effects_carry_step_keys``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from django.utils import timezone
 from idempotency import idempotent_function, resolvers
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.recovery import recover_expired
-from idempotency.resolvers import effects_carry_step_keys
-from idempotency.steps import current, key_for_record
+from idempotency.steps import current, effects_carry_step_keys, key_for_record
 from tests.support.factories import IdempotencyRecordFactory
 
 SEED = "ab" * 32
-SHIPPED = "idempotency.resolvers.effects_carry_step_keys"
+SHIPPED = "idempotency.steps.effects_carry_step_keys"
 
 
 def seeded(record: IdempotencyRecord, *, age: timedelta = timedelta(0)) -> IdempotencyStep:
