@@ -1,29 +1,35 @@
-"""Every row of docs/http.md's answers through DRF's test client (``tests/support/urls.py``)."""
+"""Every row of docs/http.md's answers through DRF's test client (``tests/support/urls.py``).
+
+What an answer holds (the outcome policy, the stored headers, the size bound, the replay
+marker, the error formats) is ``test_response.py``'s.
+"""
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
 import pytest
 from django.test import override_settings
-from rest_framework.exceptions import APIException, NotAuthenticated
-from rest_framework.parsers import JSONParser
-from rest_framework.request import Request
-from rest_framework.test import APIClient, APIRequestFactory
-from rest_framework.views import exception_handler
+from rest_framework.test import APIClient
 
-from idempotency.http import request_hash
 from idempotency.models import IdempotencyRecord, Status
-from tests.support.factories import IdempotencyRecordFactory, UserFactory
+from tests.support.api import (
+    ORDER,
+    authenticated,
+    basic,
+    is_replay,
+    pending_order,
+    post,
+    post_raw,
+    problem,
+    state,
+    stored,
+)
+from tests.support.factories import UserFactory
 from tests.testapp.models import Order
-from tests.testapp.views import OrderViewSet
 
 pytestmark = pytest.mark.django_db
-
-ORDER = {"sku": "book", "quantity": 2}
-PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
 
 
 @pytest.fixture
@@ -33,69 +39,7 @@ def user():
 
 @pytest.fixture
 def client(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
-def post(client: APIClient, path: str, data: Any = None, key: str | None = "k-1", **extra: Any):
-    headers = {} if key is None else {"Idempotency-Key": key}
-    extra.setdefault("format", "json")
-    return client.post(path, data, headers=headers, **extra)
-
-
-def post_raw(client: APIClient, path: str, body: str, content_type: str, key: str = "k-1"):
-    return client.post(path, body, content_type=content_type, headers={"Idempotency-Key": key})
-
-
-def basic(username: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
-
-
-def problem(response) -> dict[str, Any]:
-    assert response["Content-Type"] == "application/problem+json"
-    body = json.loads(response.content)
-    assert set(body) == PROBLEM_FIELDS
-    assert body["status"] == response.status_code
-    return body
-
-
-def is_replay(response) -> bool:
-    return response.headers.get("Idempotent-Replayed") == "true"
-
-
-def stored(key: str = "k-1") -> IdempotencyRecord:
-    return IdempotencyRecord.objects.get(idem_key=key)
-
-
-def state(record: IdempotencyRecord) -> dict[str, Any]:
-    fresh = IdempotencyRecord.objects.get(pk=record.pk)
-    values = {f.attname: getattr(fresh, f.attname) for f in fresh._meta.concrete_fields}
-    values["response_body"] = bytes(values["response_body"] or b"")
-    return values
-
-
-def order_request(user, data: dict[str, Any]) -> tuple[Request, OrderViewSet]:
-    """The DRF request and view that ``POST /orders/`` with ``data`` would get."""
-    request = Request(
-        APIRequestFactory().post("/orders/", data, format="json"), parsers=[JSONParser()]
-    )
-    request.user = user
-    view = OrderViewSet(action="create", request=request, format_kwarg=None)
-    return request, view
-
-
-def pending_order(user, data: dict[str, Any], key: str = "k-1", **traits: Any):
-    """A record for ``POST /orders/`` as another request left it, scoped and hashed by the view."""
-    request, view = order_request(user, data)
-    options = view.get_idempotency_options()
-    return IdempotencyRecordFactory(
-        scope=view.get_idempotency_scope(request, options.operation or ""),
-        idem_key=key,
-        operation=options.operation,
-        request_hash=request_hash(request, options),
-        **traits,
-    )
+    return authenticated(user)
 
 
 class TestMissingKey:
@@ -321,325 +265,6 @@ class TestAnonymous:
         assert post(client, "/orders/", ORDER).status_code == 201
         assert is_replay(post(client, "/orders/", ORDER))
         assert stored().scope.startswith(f"user:{user.pk}:")
-
-
-class TestOutcomePolicy:
-    @pytest.mark.parametrize("mode", ["atomic", "lease"])
-    def test_validation_error_is_not_recorded_and_corrected_retry_succeeds(self, client, mode):
-        with override_settings(IDEMPOTENCY={"MODE": mode}):
-            rejected = post(client, "/orders/", {"sku": "book", "quantity": 0})
-            assert rejected.status_code == 400
-            assert set(rejected.json()) == {"quantity"}  # DRF's own error, untouched
-            assert IdempotencyRecord.objects.count() == 0
-            fixed = post(client, "/orders/", ORDER)
-        assert fixed.status_code == 201
-        assert not is_replay(fixed)
-        assert stored().status == Status.SUCCEEDED
-        assert stored().attempts == 1
-
-    @override_settings(IDEMPOTENCY={"MODE": "lease"})
-    def test_exception_in_lease_mode_leaves_the_key_retryable_for_the_same_request(self, client):
-        client.raise_request_exception = False
-        assert post(client, "/orders/?fail=1", ORDER).status_code == 500
-        assert stored().status == Status.FAILED_RETRYABLE
-        assert post(client, "/orders/", ORDER).status_code == 422  # bound to that request
-        assert post(client, "/orders/?fail=1", ORDER).status_code == 500
-        assert stored().attempts == 2
-
-    def test_validation_error_in_atomic_mode(self, client):
-        rejected = post(client, "/orders/", {"sku": "book", "quantity": 0})
-        assert rejected.status_code == 400
-        assert "quantity" in rejected.json()
-        assert IdempotencyRecord.objects.count() == 0
-        fixed = post(client, "/orders/", ORDER)
-        assert fixed.status_code == 201
-        assert not is_replay(fixed)
-        assert stored().status == Status.SUCCEEDED
-        assert stored().attempts == 1
-        assert Order.objects.count() == 1
-
-    def test_returned_4xx_rolls_back_the_views_writes(self, client):
-        # /charge/ creates an Order, then answers 400 for amount 0.
-        assert post(client, "/charge/", {"amount": 0}).status_code == 400
-        assert Order.objects.count() == 0
-        assert IdempotencyRecord.objects.count() == 0
-        assert post(client, "/charge/", {"amount": 5}).status_code == 201
-
-    def test_exception_is_not_recorded_and_rolls_back(self, client):
-        client.raise_request_exception = False
-        response = post(client, "/orders/?fail=1", ORDER)
-        assert response.status_code == 500
-        assert Order.objects.count() == 0
-        assert IdempotencyRecord.objects.count() == 0
-
-    def test_exception_propagates_to_the_project(self, client):
-        with pytest.raises(RuntimeError, match="business failure"):
-            post(client, "/orders/?fail=1", ORDER)
-        assert IdempotencyRecord.objects.count() == 0
-
-    @pytest.mark.parametrize("status", [500, 502, 503])
-    def test_5xx_response_is_not_recorded_and_retry_runs(self, client, status):
-        failed = post(client, "/flaky/", {}, HTTP_X_TEST_STATUS=str(status))
-        assert failed.status_code == status
-        assert Order.objects.count() == 0
-        assert IdempotencyRecord.objects.count() == 0
-        retried = post(client, "/flaky/", {})
-        assert retried.status_code == 201
-        assert not is_replay(retried)
-        assert is_replay(post(client, "/flaky/", {}, HTTP_X_TEST_STATUS=str(status)))
-        assert Order.objects.count() == 1
-
-    @pytest.mark.parametrize("status", [401, 403, 404, 409])
-    def test_other_4xx_responses_are_not_recorded(self, client, status):
-        assert post(client, "/flaky/", {}, HTTP_X_TEST_STATUS=str(status)).status_code == status
-        assert IdempotencyRecord.objects.count() == 0
-        assert Order.objects.count() == 0
-
-    @pytest.mark.parametrize("status", [200, 202, 204])
-    def test_2xx_responses_are_recorded(self, client, status):
-        first = post(client, "/flaky/", {}, HTTP_X_TEST_STATUS=str(status))
-        second = post(client, "/flaky/", {}, HTTP_X_TEST_STATUS="201")
-        assert second.status_code == first.status_code == status
-        assert is_replay(second)
-        assert stored().status == Status.SUCCEEDED
-
-    def test_mark_final_is_recorded_and_replayed(self, client):
-        first = post(client, "/charge/", {"amount": 5000})
-        assert first.status_code == 402
-        assert first.json() == {"error": "insufficient_funds"}
-        assert stored().status == Status.FAILED_FINAL
-        second = post(client, "/charge/", {"amount": 5000})
-        assert second.status_code == 402
-        assert second.content == first.content
-        assert is_replay(second)
-        # The final failure's business writes were committed with it, once.
-        assert Order.objects.count() == 1
-
-
-class TestStoredHeaders:
-    def test_set_cookie_header_is_neither_stored_nor_replayed(self, client):
-        first = post(client, "/orders/", ORDER)
-        assert first["Set-Cookie"] == "session=secret"  # the view did send it
-        names = {name.lower() for name, _ in stored().response_headers}
-        assert names == {"content-type", "location"}
-        second = post(client, "/orders/", ORDER)
-        assert "Set-Cookie" not in second
-        assert not second.cookies
-
-    @override_settings(IDEMPOTENCY={"REPLAY_HEADERS": ["Location", "Set-Cookie", "Content-Type"]})
-    def test_set_cookie_is_never_stored_even_if_listed(self, client, monkeypatch):
-        # E013 refuses this setting at first use; past that guard, the list still ignores it.
-        monkeypatch.setattr("idempotency.settings_checks.settings_messages", lambda user: [])
-        post(client, "/orders/", ORDER)
-        assert "set-cookie" not in {name.lower() for name, _ in stored().response_headers}
-        assert "Set-Cookie" not in post(client, "/orders/", ORDER)
-
-    def test_cookies_of_the_plain_view_are_not_replayed(self, client, user):
-        client.force_login(user)
-        first = post(client, "/plain/", {"sku": "p"})
-        assert first.cookies["tracking"].value == "secret"
-        assert not any(name.lower() == "set-cookie" for name, _ in stored().response_headers)
-        second = post(client, "/plain/", {"sku": "p"})
-        assert is_replay(second)
-        assert "tracking" not in second.cookies
-
-    def test_headers_outside_the_allow_list_are_dropped(self, client):
-        first = post(client, "/orders/", ORDER)
-        assert "Allow" in first  # DRF adds it; it is not in REPLAY_HEADERS
-        assert "allow" not in {name.lower() for name, _ in stored().response_headers}
-
-    @override_settings(IDEMPOTENCY={"REPLAY_HEADERS": ["Location"]})
-    def test_content_type_is_kept_with_the_body_whatever_the_allow_list(self, client):
-        post(client, "/orders/", ORDER)
-        second = post(client, "/orders/", ORDER)
-        assert second["Content-Type"] == "application/json"
-        assert "Location" in second
-
-
-class TestOversizeResponse:
-    @override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 16})
-    def test_recorded_without_body(self, client):
-        first = post(client, "/orders/", ORDER)
-        assert first.status_code == 201
-        assert len(first.content) > 16  # the first caller gets the whole response
-        record = stored()
-        assert record.status == Status.SUCCEEDED
-        assert record.response_status == 201
-        assert record.response_body is None
-        assert [name for name, _ in record.response_headers] == ["Location"]
-
-    @override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 16})
-    def test_replay_has_status_and_location_but_no_body(self, client):
-        first = post(client, "/orders/", ORDER)
-        second = post(client, "/orders/", ORDER)
-        assert second.status_code == 201
-        assert second.content == b""
-        assert "Content-Type" not in second
-        assert second["Location"] == first["Location"]
-        assert is_replay(second)
-        assert second["Idempotency-Replay"] == "omitted"  # the empty body says what it is
-        assert "Idempotency-Replay" not in first
-        assert Order.objects.count() == 1
-
-    def test_body_at_the_limit_is_stored(self, client):
-        size = len(json.dumps({"blob": "x" * 40}, separators=(",", ":")))
-        with override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": size}):
-            first = post(client, "/big/", {"size": 40})
-            second = post(client, "/big/", {"size": 40})
-        assert len(first.content) == size
-        assert second.content == first.content
-        assert is_replay(second) and "Idempotency-Replay" not in second
-
-    def test_body_over_the_limit_is_not_stored(self, client):
-        with override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 1024}):
-            assert len(post(client, "/big/", {"size": 2000}).content) > 2000
-            second = post(client, "/big/", {"size": 2000})
-        assert second.status_code == 201
-        assert second.content == b""
-        assert second["Idempotency-Replay"] == "omitted"
-        assert Order.objects.count() == 1
-
-
-class TestReplayedHeader:
-    @override_settings(IDEMPOTENCY={"REPLAYED_HEADER": "Idempotency-Replayed"})
-    def test_the_marker_is_named_by_the_setting(self, client):
-        first = post(client, "/orders/", ORDER)
-        second = post(client, "/orders/", ORDER)
-        assert "Idempotency-Replayed" not in first
-        assert second["Idempotency-Replayed"] == "true"
-        assert "Idempotent-Replayed" not in second
-        assert second.content == first.content
-
-
-def wrapped_errors(exc, context):
-    """A project exception handler built on DRF's: it wraps every error in an envelope."""
-    response = exception_handler(exc, context)
-    if response is not None:
-        response.data = {"error": response.data}
-    return response
-
-
-def coded_errors(exc, context):
-    """A project handler that reads the code and message as DRF documents them."""
-    response = exception_handler(exc, context)
-    if response is not None and isinstance(exc, APIException):
-        codes = exc.get_codes()
-        if isinstance(codes, str):  # one message: DRF's own NotAuthenticated, ours
-            response.data = {
-                "error": {
-                    "code": codes,
-                    "message": str(exc.detail),
-                    "detail_code": getattr(exc.detail, "code", None),
-                    "full": exc.get_full_details(),
-                }
-            }
-    return response
-
-
-class TestErrorFormats:
-    @pytest.mark.parametrize(
-        ("key", "body", "status", "code"),
-        [
-            (None, ORDER, 400, "idempotency_key_missing"),
-            ("a b", ORDER, 400, "idempotency_key_invalid"),
-        ],
-    )
-    def test_problem_json_shape(self, client, key, body, status, code):
-        response = post(client, "/orders/", body, key=key)
-        assert response.status_code == status
-        payload = problem(response)
-        assert payload["code"] == code
-        assert payload["type"].endswith(code)
-        assert payload["title"]
-        assert payload["detail"]
-
-    def test_problem_json_for_409_and_422(self, client, user):
-        post(client, "/orders/", ORDER)
-        assert problem(post(client, "/orders/", {**ORDER, "quantity": 7}))["status"] == 422
-        pending_order(user, ORDER, key="k-busy", in_flight=True)
-        assert problem(post(client, "/orders/", ORDER, key="k-busy"))["status"] == 409
-
-    def test_plain_view_gives_the_same_shape(self, client, user):
-        client.force_login(user)
-        plain = post(client, "/plain/", {"sku": "p"}, key=None)
-        drf = post(client, "/orders/", ORDER, key=None)
-        assert plain.status_code == drf.status_code == 400
-        assert problem(plain) == problem(drf)
-
-    @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"})
-    def test_drf_format_uses_the_exception_handler(self, client):
-        response = post(client, "/orders/", ORDER, key=None)
-        assert response.status_code == 400
-        assert response["Content-Type"] == "application/json"
-        assert response.data["detail"].code == "idempotency_key_missing"
-        assert response.json() == {
-            "detail": "This operation requires an idempotency key.",
-            "code": "idempotency_key_missing",
-        }
-
-    @override_settings(
-        IDEMPOTENCY={"ERROR_FORMAT": "drf"},
-        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.wrapped_errors"},
-    )
-    def test_drf_format_uses_the_projects_handler_and_keeps_the_code(self, client):
-        response = post(client, "/orders/", ORDER, key="a,b")
-        assert response.status_code == 400
-        assert response.json()["error"]["code"] == "idempotency_key_invalid"
-
-    @override_settings(
-        IDEMPOTENCY={"ERROR_FORMAT": "drf"},
-        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.coded_errors"},
-    )
-    def test_a_handler_reads_the_code_as_drfs_exceptions_give_it(self, client, user):
-        response = post(client, "/orders/", ORDER, key=None)
-        message = "This operation requires an idempotency key."
-        assert response.status_code == 400
-        assert response.json() == {
-            "error": {
-                "code": "idempotency_key_missing",
-                "message": message,
-                "detail_code": "idempotency_key_missing",
-                "full": {"message": message, "code": "idempotency_key_missing"},
-            }
-        }
-        # As it reads DRF's own errors: the same handler, the same shape.
-        anonymous = post(APIClient(), "/orders/", ORDER)
-        assert anonymous.status_code in (401, 403)
-        assert anonymous.json()["error"]["code"] == NotAuthenticated.default_code
-
-    @override_settings(
-        IDEMPOTENCY={"ERROR_FORMAT": "drf", "MODE": "lease"},
-        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.coded_errors"},
-    )
-    def test_a_handler_reading_codes_keeps_retry_after(self, client, user):
-        pending_order(user, ORDER, in_flight=True)
-        response = post(client, "/orders/", ORDER)
-        assert response.status_code == 409
-        assert response.json()["error"]["code"] == "idempotency_key_in_use"
-        assert response["Retry-After"] == "1"
-
-    @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf", "MODE": "lease"})
-    def test_drf_format_keeps_retry_after(self, client, user):
-        pending_order(user, ORDER, in_flight=True)
-        response = post(client, "/orders/", ORDER)
-        assert response.status_code == 409
-        assert response.data["detail"].code == "idempotency_key_in_use"
-        assert response["Retry-After"] == "1"
-
-    @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"})
-    def test_drf_format_for_422(self, client):
-        post(client, "/orders/", ORDER)
-        response = post(client, "/orders/", {**ORDER, "quantity": 7})
-        assert response.status_code == 422
-        assert response.data["detail"].code == "idempotency_key_reused"
-
-    @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"})
-    def test_drf_format_for_the_plain_view(self, client, user):
-        client.force_login(user)
-        response = post(client, "/plain/", {"sku": "p"}, key=None)
-        assert response.status_code == 400
-        assert response["Content-Type"] == "application/json"
-        assert response.json()["code"] == "idempotency_key_missing"
 
 
 class TestPlainView:
