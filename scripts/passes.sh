@@ -115,7 +115,7 @@ run_pass() {
       echo "== a Patroni cluster (etcd, 3 PostgreSQL nodes) whose primary is killed under load"
       bash scripts/patroni.sh start
       trap 'bash scripts/patroni.sh stop' EXIT
-      DATABASE_URL=$(bash scripts/patroni.sh url) PATRONI=1 REQUIRE_POSTGRES=1 \
+      DATABASE_URL=$(bash scripts/patroni.sh url) REQUIRE_POSTGRES=1 \
         "$PY" -m pytest -q -p no:cacheprovider -m patroni tests/deployment/test_patroni.py "$@"
       bash scripts/patroni.sh stop
       trap - EXIT

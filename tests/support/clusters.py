@@ -163,13 +163,17 @@ def view_runs(logs: Iterable[Path]) -> Counter[str]:
     return runs
 
 
+# What a server logs when it failed, not the database: a 500, a worker that died or hung.
+_SERVER_ERRORS = ("Internal Server Error", "Exception in worker", "WORKER TIMEOUT", "Worker exited")
+
+
 def errors_logged(logs: Iterable[Path]) -> list[str]:
-    """The servers' tracebacks: a 500 or a failure the answers alone would not show."""
+    """The servers' own failures, which the answers alone might not show."""
     return [
         line
         for log in logs
         for line in log.read_text(errors="replace").splitlines()
-        if line.startswith("Traceback") or "Internal Server Error" in line
+        if any(error in line for error in _SERVER_ERRORS)
     ]
 
 
