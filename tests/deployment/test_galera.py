@@ -34,6 +34,7 @@ import pytest
 from tests.support.clusters import (
     Answer,
     Answers,
+    checked,
     create,
     errors_logged,
     figures,
@@ -290,3 +291,8 @@ def test_a_replay_on_a_node_that_has_not_applied_the_record_answers_it(
         )
     assert view_runs([lagging_log])[key] == 0
     assert {k: runs[k] for k in keys if runs[k] != 1} == {}
+
+
+def test_check_database_warns_that_several_nodes_may_take_the_writes(cluster: dict[str, Any]):
+    said = checked({**cluster["env"], "DATABASE_URL": on(cluster["urls"][1])})
+    assert "idempotency.W010" in said and "Galera cluster of 3 nodes" in said, said

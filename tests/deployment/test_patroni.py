@@ -36,6 +36,7 @@ import pytest
 
 from tests.support.clusters import (
     Answers,
+    checked,
     errors_logged,
     figures,
     kinds,
@@ -161,16 +162,22 @@ def writable() -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def example_env() -> dict[str, str]:
     if not (DIR / "patroni1.yml").exists() or leader() is None:
         pytest.fail("needs the Patroni cluster: run it with scripts/passes.sh patroni")
     wait_for("whole", whole_cluster)
     with psycopg.connect(conninfo("postgres"), autocommit=True) as db:
         db.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         db.execute(f"CREATE DATABASE {DATABASE}")
-    env = prepare_example(url(DATABASE))
+    return prepare_example(url(DATABASE))
+
+
+@pytest.fixture(scope="module")
+def served(
+    example_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("patroni-logs") / "gunicorn.log"
-    with logged_gunicorn(env, log) as served_url:
+    with logged_gunicorn(example_env, log) as served_url:
         yield Server(served_url, DATABASE)
     assert errors_logged([log]) == []
 
@@ -323,10 +330,11 @@ def report(title: str, failover: Failover, times: dict[str, float], counted: Tal
 
 
 def test_synchronous_strict_a_killed_primary_loses_no_acknowledged_outcome(
-    served: Server, capsys: pytest.CaptureFixture[str]
+    served: Server, example_env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     (synchronous,) = query("SHOW synchronous_standby_names")[0]
     assert synchronous, "the cluster should replicate synchronously (synchronous_mode_strict)"
+    assert "idempotency.W009" not in checked(example_env)
     failover, times = fail_over(served)
     counted = tally(failover)
     wrong = retry_every_key(failover)
@@ -341,7 +349,7 @@ def test_synchronous_strict_a_killed_primary_loses_no_acknowledged_outcome(
 
 
 def test_asynchronous_a_killed_primary_may_lose_what_it_acknowledged(
-    served: Server, capsys: pytest.CaptureFixture[str]
+    served: Server, example_env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     status, _ = api(
         leader() or 1,
@@ -354,6 +362,9 @@ def test_asynchronous_a_killed_primary_may_lose_what_it_acknowledged(
     )
     assert status == 200
     wait_for("asynchronous", lambda: query("SHOW synchronous_standby_names")[0][0] == "", 30)
+    # The example project's reports run in lease mode: the check says what may be lost.
+    said = checked(example_env)
+    assert "idempotency.W009" in said and "none synchronous" in said, said
     failover, times = fail_over(served)
     counted = tally(failover)
     wrong = retry_every_key(failover)

@@ -189,3 +189,16 @@ def kinds(counter: Counter[tuple[int, str]]) -> str:
         f"{status}{' ' + code if code else ''}: {count}"
         for (status, code), count in sorted(counter.items())
     )
+
+
+def checked(env: dict[str, str]) -> str:
+    """What ``manage.py check --database default`` says of the example project's database."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--database", "default"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.stdout + done.stderr
