@@ -111,20 +111,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             db.cursor().execute(f"DROP DATABASE IF EXISTS {DATABASE}")
 
 
-def at_once(servers: list[Server], keys: list[str], answers: Answers) -> list[list[Answer]]:
+def at_once(
+    servers: list[Server], keys: list[str], answers: Answers, **request: Any
+) -> list[list[Answer]]:
     """Each key sent to every server at once (a barrier per key); per key, each first answer.
 
     A duplicate answered 409 or 503 is retried with the same key on its server, as a
-    client that follows ``Retry-After`` does.
+    client that follows ``Retry-After`` does. ``request``: ``create``'s path and body.
     """
     barriers = {key: threading.Barrier(len(servers), timeout=60) for key in keys}
 
     def one(job: tuple[str, Server]) -> Answer:
         key, server = job
         barriers[key].wait()
-        first = answers.add(create(server, key))
+        first = answers.add(create(server, key, **request))
         if first.status in (409, 503):
-            until_answered(server, key, answers)
+            until_answered(server, key, answers, **request)
         return first
 
     jobs = [(key, server) for key in keys for server in servers]
@@ -209,6 +211,34 @@ def test_duplicates_on_different_nodes_at_once_are_a_contention_never_a_503(
     assert [a for a in answers.all if a.status == 503] == [], "a contention answered as an outage"
     assert errors_logged(logs) == []
     assert_one_effect_per_key(urls[0], keys, answers)
+
+
+def test_lease_mode_duplicates_on_different_nodes_run_the_work_once(
+    cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A lease-mode claim commits by itself before the work: of duplicate claims on two
+    # nodes one fails certification at its COMMIT, claims again and finds the other's.
+    servers, urls = cluster["servers"], cluster["urls"]
+    keys = [f"lm-{uuid.uuid4().hex[:8]}-{i}" for i in range(KEYS // 2)]
+    answers = Answers()
+    started = time.monotonic()
+    firsts = at_once(servers, keys, answers, path="/api/reports/", body={"seconds": 0})
+    seconds = time.monotonic() - started
+    logs = sorted(Path(cluster["logs"]).glob("node*.log"))
+    runs = view_runs(logs, "completed")
+    with capsys.disabled():
+        print(
+            "\n"
+            + report(
+                "Galera, multi-writer, lease mode", urls[0], keys, firsts, answers, runs, seconds
+            )
+        )
+    assert answers.undocumented() == []
+    assert [a for a in answers.all if a.status == 503] == []
+    assert {key: runs[key] for key in keys if runs[key] != 1} == {}, "a lease-mode work ran twice"
+    for key in keys:
+        reports = {a.order for a in answers.all if a.key == key and a.status == 201}
+        assert len(reports) == 1, f"{key} was answered with reports {reports}"
 
 
 def test_single_writer_duplicates_run_the_view_once(

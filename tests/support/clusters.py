@@ -53,9 +53,10 @@ class Answer:
         return self.status, self.code
 
 
-def create(server: Server, key: str, sku: str | None = None) -> Answer:
+def create(server: Server, key: str, path: str = "/api/orders/", body: Any = None) -> Answer:
+    """An order (or what ``path`` makes of ``body``) under ``key``; its sku is the key."""
     sent = time.monotonic()
-    reply = server.create_order({"sku": sku or key, "quantity": 1}, key)
+    reply = server.create_order(body or {"sku": key, "quantity": 1}, key, path=path)
     answered = time.monotonic()
     try:
         body = json.loads(reply.body) if reply.body else {}
@@ -109,6 +110,8 @@ def until_answered(
     *,
     deadline: float = 90.0,
     pause: float = 1.0,
+    path: str = "/api/orders/",
+    body: Any = None,
 ) -> Answer:
     """A client's request for ``key``: retried with the same key after a 409 or a 503.
 
@@ -118,7 +121,7 @@ def until_answered(
     give_up = time.monotonic() + deadline
     while True:
         chosen = server() if callable(server) else server
-        answer = answers.add(create(chosen, key))
+        answer = answers.add(create(chosen, key, path, body))
         if answer.status not in (409, 503):
             return answer
         assert time.monotonic() < give_up, f"{key} never got an answer: {answer}"
@@ -152,14 +155,17 @@ def logged_gunicorn(env: dict[str, str], log: Path) -> Iterator[str]:
             _stop(process)
 
 
-_CLAIMED = re.compile(r"idempotency claimed key='([^']*)'")
+def view_runs(logs: Iterable[Path], event: str = "claimed") -> Counter[str]:
+    """How often each key's view ran, over the servers' logs.
 
-
-def view_runs(logs: Iterable[Path]) -> Counter[str]:
-    """How often each key's view ran (was claimed), over the servers' logs."""
+    In atomic mode each claim runs the view in the claim's transaction. A lease-mode
+    claim is committed after its ``claimed`` event, and may fail to commit (a duplicate's
+    claim on another node certified first): there ``completed`` counts the runs.
+    """
+    pattern = re.compile(rf"idempotency {event} key='([^']*)'")
     runs: Counter[str] = Counter()
     for log in logs:
-        runs.update(_CLAIMED.findall(log.read_text(errors="replace")))
+        runs.update(pattern.findall(log.read_text(errors="replace")))
     return runs
 
 
