@@ -40,8 +40,10 @@ stop() {
   for n in $(seq "$NODES" -1 1); do
     if alive "$DIR/node$n.pid"; then kill -KILL "$(cat "$DIR/node$n.pid")" || true; fi
   done
-  # A state transfer's rsync daemon, if a join was under way.
-  pkill -KILL -f "rsync --daemon.*$DIR/" 2>/dev/null || true
+  # A state transfer's rsync daemon, if a join was under way (its pid file is the joiner's).
+  for pidfile in "$DIR"/node*/rsync_sst.pid; do
+    if alive "$pidfile"; then kill -KILL "$(cat "$pidfile")" || true; fi
+  done
   rm -rf "$DIR"
 }
 
