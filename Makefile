@@ -11,6 +11,7 @@ example:
 docs:
 	DEP_GROUPS="$(or $(DEP_GROUPS),docs)" bash scripts/bootstrap.sh
 	.venv/bin/python -m mkdocs build --strict --site-dir site
+	.venv/bin/python scripts/offline_site.py site
 
 # Everything CI runs (.ci/run): the passes listed in scripts/passes.sh.
 test:

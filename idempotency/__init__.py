@@ -1,4 +1,4 @@
-"""Make unsafe Django/DRF endpoints, Celery tasks and consumers safe to retry."""
+"""Make unsafe Django/DRF endpoints, Celery and Django tasks and consumers safe to retry."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from idempotency.exceptions import (
     KeyInvalid,
     KeyMissing,
     KeyReused,
+    KeyUnderReview,
     LeaseLost,
     OutcomeUnknown,
     RequestInvalid,
@@ -23,6 +24,7 @@ from idempotency.progress import Progress
 if TYPE_CHECKING:
     from idempotency.celery import IdempotentTask as IdempotentTask  # not in __all__
     from idempotency.decorators import idempotent
+    from idempotency.django_tasks import idempotent_task as idempotent_task  # not in __all__
     from idempotency.drf import (
         IdempotencyAPIException,
         IdempotentBrowsableAPIRenderer,
@@ -61,6 +63,8 @@ _LAZY = {
     "IdempotencyAPIException": "idempotency.drf",
     "IdempotentBrowsableAPIRenderer": "idempotency.drf",
     "IdempotentTask": "idempotency.celery",  # needs Celery: left out of __all__ (star imports)
+    # Needs django.tasks (Django 6) or the django-tasks backport: left out of __all__ too.
+    "idempotent_task": "idempotency.django_tasks",
     "IdempotentCreateMixin": "idempotency.drf",
     "IdempotentMixin": "idempotency.drf",
     "IdempotencyOptions": "idempotency.options",
@@ -92,6 +96,7 @@ __all__ = [
     "KeyInvalid",
     "KeyMissing",
     "KeyReused",
+    "KeyUnderReview",
     "LeaseLost",
     "Operation",
     "Outcome",

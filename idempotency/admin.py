@@ -33,14 +33,22 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from idempotency import recovery, replay_cache
+from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
-from idempotency.stores import records_database
+from idempotency.outcomes import StoredResponse
+from idempotency.stores import records_database, store_for
 
 # --- the resolution form ----------------------------------------------------------------
 
 
-class ResourceIdsForm(forms.Form):
-    """One optional resource id per selected record; blank keeps what is stored."""
+class MarkSucceededForm(forms.Form):
+    """Per selected record: what the first run created, and what repeats of its key get.
+
+    A replay never runs the view, so the operator gives the answer the client
+    expects (the status, and the body: the created resource as the view renders it);
+    without a body repeats get that status with an empty body. A blank resource id
+    keeps the stored one. Each field is prefilled from what the record stores.
+    """
 
     def __init__(self, *args: Any, records: Sequence[IdempotencyRecord], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -53,17 +61,95 @@ class ResourceIdsForm(forms.Form):
                 initial=record.resource_id,
                 help_text=_("What the first run created, e.g. the order id."),
             )
+            self.fields[f"status_{record.pk}"] = forms.IntegerField(
+                label=_("status"),
+                min_value=200,
+                max_value=299,
+                required=False,
+                initial=_stored_status(record),
+                help_text=_("The status repeats get (2xx)."),
+            )
+            self.fields[f"content_type_{record.pk}"] = forms.CharField(
+                label=_("content type"),
+                max_length=255,
+                required=False,
+                initial=_stored_content_type(record) or JSON,
+                help_text=_("Sent with a body; blank: application/json."),
+            )
+            self.fields[f"body_{record.pk}"] = forms.CharField(
+                label=_("body"),
+                required=False,
+                strip=False,
+                widget=forms.Textarea(attrs={"rows": 3, "cols": 40}),
+                initial=_stored_text(record),
+                help_text=_("The body repeats get, e.g. the created resource's JSON."),
+            )
 
     @staticmethod
     def field_name(record: IdempotencyRecord) -> str:
         return f"resource_id_{record.pk}"
 
-    def rows(self) -> list[tuple[IdempotencyRecord, forms.BoundField]]:
-        return [(record, self[self.field_name(record)]) for record in self.records]
+    def rows(self) -> list[tuple[IdempotencyRecord, list[forms.BoundField]]]:
+        return [
+            (record, [self[f"{kind}_{record.pk}"] for kind in ("resource_id", *_ANSWER_FIELDS)])
+            for record in self.records
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for record in self.records:
+            body, name = cleaned.get(f"body_{record.pk}") or "", f"body_{record.pk}"
+            content_type = cleaned.get(f"content_type_{record.pk}") or JSON
+            if len(body.encode()) > idempotency_settings.MAX_RESPONSE_BYTES:
+                self.add_error(name, gettext("Larger than MAX_RESPONSE_BYTES."))
+            # A task's or function's repeats return the body's JSON: it must be JSON too.
+            elif body.strip() and (_is_json(content_type) or not record.request_method):
+                try:
+                    json.loads(body)
+                except ValueError as error:
+                    self.add_error(name, gettext("Not JSON: %(error)s.") % {"error": error})
+        return cleaned
 
     def resource_id(self, record: IdempotencyRecord) -> str | None:
         value = self.cleaned_data.get(self.field_name(record), "").strip()
         return value or None
+
+    def response(self, record: IdempotencyRecord) -> StoredResponse:
+        """What repeats of ``record``'s key get, as the operator gave it."""
+        status = self.cleaned_data.get(f"status_{record.pk}") or _stored_status(record)
+        body = (self.cleaned_data.get(f"body_{record.pk}") or "").encode()
+        content_type = (self.cleaned_data.get(f"content_type_{record.pk}") or "").strip() or JSON
+        headers = [("Content-Type", content_type)] if body else []
+        # b"", not None: None is a body too large to store, replayed as "omitted".
+        return StoredResponse(status=status, headers=headers, body=body)
+
+
+# The fields of the answer repeats get, beside the resource id, in the form's columns.
+_ANSWER_FIELDS = ("status", "content_type", "body")
+JSON = "application/json"
+
+
+def _stored_status(record: IdempotencyRecord) -> int:
+    # Nothing stored (a lost attempt): a create's usual 201 for a POST, else 200.
+    if record.response_status:
+        return record.response_status
+    return 201 if record.request_method.upper() == "POST" else 200
+
+
+def _stored_content_type(record: IdempotencyRecord) -> str:
+    return _header(record.response_headers or [], "content-type")
+
+
+def _stored_text(record: IdempotencyRecord) -> str:
+    try:
+        return bytes(record.response_body or b"").decode()
+    except UnicodeDecodeError:
+        return ""
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 # --- list filters -------------------------------------------------------------------------
@@ -168,8 +254,10 @@ def _marked_final(n: int) -> str:
 
 def _marked_succeeded(n: int) -> str:
     return ngettext(
-        "%(count)d record marked as succeeded: repeats now get its stored outcome.",
-        "%(count)d records marked as succeeded: repeats now get their stored outcomes.",
+        "%(count)d record marked as succeeded: repeats of its key now get the status and "
+        "body given, as replays.",
+        "%(count)d records marked as succeeded: repeats of their keys now get the statuses "
+        "and bodies given, as replays.",
         n,
     )
 
@@ -210,11 +298,13 @@ class ResolveActions(ActionsBase):
                 messages.ERROR,
             )
             return None
-        form = ResourceIdsForm(request.POST if "apply" in request.POST else None, records=records)
+        form = MarkSucceededForm(request.POST if "apply" in request.POST else None, records=records)
         if not form.is_valid():
             return self._resource_ids_page(request, form)
         selected = self._bounded(request, records)
-        report = recovery.mark_records(selected, Status.SUCCEEDED, resource_ids=form.resource_id)
+        report = recovery.mark_records(
+            selected, Status.SUCCEEDED, resource_ids=form.resource_id, responses=form.response
+        )
         self._report(request, report, _marked_succeeded)
         return None
 
@@ -300,10 +390,10 @@ class ResolveActions(ActionsBase):
             messages.ERROR,
         )
 
-    def _resource_ids_page(self, request: HttpRequest, form: ResourceIdsForm) -> TemplateResponse:
+    def _resource_ids_page(self, request: HttpRequest, form: MarkSucceededForm) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
-            "title": gettext("Mark succeeded with a resource id"),
+            "title": gettext("Mark succeeded: what repeats of the key get"),
             "opts": self.opts,
             "form": form,
             "action_name": "mark_succeeded",
@@ -437,10 +527,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         records = list(queryset.only("scope", "idem_key"))
-        # Its steps too: PostgreSQL's schema has no cascade for them (migration 0005).
-        steps = IdempotencyStep.objects.using(queryset.db)
-        steps.filter(record_id__in=[record.pk for record in records]).delete()
-        super().delete_queryset(request, queryset)
+        # The store deletes them with their steps (the records' one writer).
+        store_for(queryset.db).delete_records([record.pk for record in records])
         replay_cache.forget_records(records)  # a deleted record is never replayed from the cache
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
@@ -499,8 +587,8 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
 
     @admin.display(description=_("steps recorded"))
     def steps_display(self, record: IdempotencyRecord) -> str:
-        # The current request's rows only: an earlier request under a replaced record
-        # left rows its replacement deletes on its first step.
+        # The current request's rows only (a replacement deletes an earlier request's;
+        # an earlier release left them until the new request's first step).
         rows = (
             IdempotencyStep.objects.using(record._state.db or records_database())
             .filter(record_id=record.pk, request_started=record.created_at)

@@ -1,8 +1,9 @@
 """``IdempotentTask``: a Celery task base class that runs each task once per key.
 
 A duplicate that arrives while the first run still holds the key is retried by
-Celery later; a key reused with other arguments fails once, without retries;
-every other repeat gets the first run's result. Only this module and
+Celery later; a key reused with other arguments, or one whose first run waits for
+an operator (``KeyUnderReview``), fails once, without retries; every other repeat
+gets the first run's result. Only this module and
 ``idempotency.tasks`` import Celery: ``import idempotency`` never needs it.
 """
 
@@ -17,8 +18,9 @@ from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency import steps
-from idempotency.exceptions import DatabaseUnavailable, KeyInUse, KeyReused
+from idempotency.exceptions import DatabaseUnavailable, KeyInUse, KeyReused, KeyUnderReview
 from idempotency.functions import CallGuard
+from idempotency.operations import declare
 from idempotency.options import options_from_attributes
 from idempotency.resolvers import register
 
@@ -35,14 +37,16 @@ class IdempotentTask(Task):
     """
 
     # Celery logs an expected error at INFO, without a traceback: the
-    # ``idempotency`` logger's one warning (``key_reused``) is the report.
-    throws: tuple[type[BaseException], ...] = (KeyReused,)
+    # ``idempotency`` logger's one warning (``key_reused``, ``under_review``) is the report.
+    # Neither is retried: no wait mends them (a record under review waits for an operator).
+    throws: tuple[type[BaseException], ...] = (KeyReused, KeyUnderReview)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _refuse_shadowing(cls)
-        if not any(issubclass(KeyReused, expected) for expected in cls.throws):
-            cls.throws = (*cls.throws, KeyReused)  # a task's own ``throws`` adds to ours
+        for ours in (KeyReused, KeyUnderReview):  # a task's own ``throws`` adds to ours
+            if not any(issubclass(ours, expected) for expected in cls.throws):
+                cls.throws = (*cls.throws, ours)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -57,6 +61,7 @@ class IdempotentTask(Task):
                 f"Task {cls.name} uses IdempotentTask: give it idempotency_key=, a function "
                 "of the task's arguments that returns the key."
             )
+        declare(cls.name)
         if options.resolver is not None:
             register(cls.name, options.resolver)
 

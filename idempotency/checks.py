@@ -10,21 +10,28 @@ views of the URLconf, the replay cache. Only system checks import this module.
 from __future__ import annotations
 
 import difflib
+import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import import_module
 from typing import Any
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.db import DatabaseError
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils.module_loading import module_has_submodule
 
 from idempotency.compat import non_atomic_aliases
 from idempotency.conf import DEFAULTS, idempotency_settings
-from idempotency.settings_checks import settings_messages
+from idempotency.operations import declared
+from idempotency.settings_checks import closest, settings_messages
 from idempotency.shards import record_databases
 from idempotency.stores import clusters, records_database, store_for, transaction_pooled
 from idempotency.unmigrated import missing_per_shard
+
+logger = logging.getLogger("idempotency")
 
 
 @register(Tags.compatibility)
@@ -36,7 +43,13 @@ def check_settings(
     messages += settings_messages(getattr(settings, "IDEMPOTENCY", {}))
     if any(message.is_serious() for message in messages):
         return messages
-    return [*messages, *_lease_mode_under_atomic_requests(), *_replay_cache(), *_pooling()]
+    return [
+        *messages,
+        *_lease_mode_under_atomic_requests(),
+        *_replay_cache(),
+        *_pooling(),
+        *_retryable_shorter_than_step_keys(),
+    ]
 
 
 SETTING = "IDEMPOTENCY"
@@ -122,6 +135,82 @@ def check_views(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     return _lease_views_under_atomic_requests()
+
+
+# What a setting that names operations loses for a name no operation has.
+_NAMING_SETTINGS = {
+    "OPERATION_RETENTION": "its windows never apply: the records keep RETENTION's",
+    "RESOLVERS": "no record is ever given that resolver: lost leases go to review",
+}
+
+
+@register(Tags.urls)
+def check_operation_names(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each operation ``OPERATION_RETENTION`` and ``RESOLVERS`` name is one the project declares.
+
+    A typo there is silent otherwise: the default windows apply, no resolver is asked.
+    """
+    user = getattr(settings, SETTING, None)
+    if not isinstance(user, Mapping) or any(m.is_serious() for m in settings_messages(user)):
+        return []  # check_settings reports what is wrong with the dict itself
+    named = [(setting, name) for setting in _NAMING_SETTINGS for name in user.get(setting, {})]
+    if not named:
+        return []
+    try:
+        get_resolver().url_patterns  # noqa: B018 - importing the views declares theirs
+    except Exception:
+        return []  # Django's own URL checks report a URLconf that does not import
+    if any(name not in declared() for _, name in named):
+        _load_task_modules()  # only then: tasks are the last place a name can come from
+    known = declared()
+    return [
+        _unknown_operation(setting, name, known) for setting, name in named if name not in known
+    ]
+
+
+# The task frameworks a project that has tasks has loaded by now: Celery (its celery.py,
+# imported from the project's __init__), Django's tasks (6.0+) or their backport.
+_TASK_FRAMEWORKS = ("celery", "django.tasks", "django_tasks")
+
+
+def _load_task_modules() -> None:
+    # Tasks are declared once their modules are imported: each app's tasks module, as
+    # Celery's Django autodiscovery imports it (this app's own holds no operation). Celery
+    # makes the tasks themselves when its app is finalized.
+    if not any(name in sys.modules for name in _TASK_FRAMEWORKS):
+        return
+    for config in apps.get_app_configs():
+        if config.name == "idempotency" or not module_has_submodule(config.module, "tasks"):
+            continue
+        try:
+            import_module(f"{config.name}.tasks")
+        except Exception:
+            logger.warning("idempotency.W009 could not import %s.tasks", config.name, exc_info=True)
+    if "celery" in sys.modules:
+        try:
+            from celery import current_app
+
+            current_app.tasks  # noqa: B018 - finalizing binds each IdempotentTask: it declares
+        except Exception:
+            logger.warning("idempotency.W009 could not finalize the Celery app", exc_info=True)
+
+
+def _unknown_operation(setting: str, name: str, known: frozenset[str]) -> CheckMessage:
+    meant = closest(name, known)
+    hint = f"Did you mean {meant!r}? " if meant is not None else ""
+    return Warning(
+        f"IDEMPOTENCY[{setting!r}] names the operation {name!r}, which no view, function or "
+        f"task of the project declares: {_NAMING_SETTINGS[setting]}.",
+        hint=hint
+        + "An operation is named by its operation= option (idempotency_operation on a DRF "
+        "view), else <module>.<function> for a view or function, <module>.<Class>.<action> "
+        "for a DRF view, and the task's name for a task (docs/checks.md). A name made at "
+        "run time (get_idempotency_operation, Operation(name=...)): add 'idempotency.W009' "
+        "to SILENCED_SYSTEM_CHECKS.",
+        id="idempotency.W009",
+    )
 
 
 @register(Tags.database)
@@ -311,7 +400,7 @@ def _asynchronous_standbys(alias: str, standbys: int) -> CheckMessage:
         hint="Commit synchronously: Patroni's synchronous_mode (and synchronous_mode_strict, "
         "to lose nothing when no standby is left), or synchronous_standby_names; or keep "
         "what must not run twice in atomic mode (docs/high-availability.md).",
-        id="idempotency.W009",
+        id="idempotency.W011",
     )
 
 
@@ -329,9 +418,9 @@ def _several_writers(alias: str, galera: clusters.Galera) -> CheckMessage:
         "only) and each run the view; the cluster commits one, and what a view does outside "
         f"the database happens again.{seen}",
         hint="Send every server's writes to one node (a proxy with one writer, or a "
-        "connection string naming one node), then add 'idempotency.W010' to "
+        "connection string naming one node), then add 'idempotency.W012' to "
         "SILENCED_SYSTEM_CHECKS to say so (docs/high-availability.md).",
-        id="idempotency.W010",
+        id="idempotency.W012",
     )
 
 
@@ -341,6 +430,34 @@ _PROCESS_LOCAL_CACHES = (
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.dummy.DummyCache",
 )
+
+
+def _retryable_shorter_than_step_keys() -> list[CheckMessage]:
+    # A step key lives as long as its record: a retryable record that expires before the
+    # provider forgets its keys is replaced by the next retry, with a new seed, so the
+    # provider gets new keys and does the work again while it would have answered the old.
+    window = idempotency_settings.STEP_KEY_WINDOW
+    if window is None:
+        return []
+    windows = {"['RETENTION']": idempotency_settings.RETENTION}
+    windows.update(
+        (f"['OPERATION_RETENTION'][{operation!r}]", overrides)
+        for operation, overrides in idempotency_settings.OPERATION_RETENTION.items()
+    )
+    return [
+        Warning(
+            f"IDEMPOTENCY{name}['FAILED_RETRYABLE'] is {kept:g} seconds, shorter than "
+            f"STEP_KEY_WINDOW ({window:g} seconds): a retry after that gets new step keys, "
+            "and a provider that still remembers the old ones (Stripe: for 24 hours) does the "
+            "work again.",
+            hint=f"Keep retryable records at least {window:g} seconds, or set STEP_KEY_WINDOW "
+            "to your providers' shortest idempotency window (None if no operation sends "
+            "step keys; docs/downstream.md, 'How long a step key lives').",
+            id="idempotency.W010",
+        )
+        for name, overrides in windows.items()
+        if (kept := overrides.get("FAILED_RETRYABLE")) is not None and kept < window
+    ]
 
 
 def _replay_cache() -> list[CheckMessage]:

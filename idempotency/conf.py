@@ -75,6 +75,11 @@ DEFAULTS: dict[str, Any] = {
         "FAILED_RETRYABLE": 24 * 3600,
     },
     "OPERATION_RETENTION": {},
+    # How long the providers that step keys are sent to remember a key (Stripe: 24 hours).
+    # A retryable record kept for less loses its seed while the provider would still have
+    # answered a retry from the first call (check idempotency.W010); a lost attempt whose
+    # first step key is older is not released by steps.effects_carry_step_keys.
+    "STEP_KEY_WINDOW": 24 * 3600,
     "REPLAY_CACHE": None,
     "READ_FIRST": "auto",
     "SHARDS": None,
@@ -163,6 +168,10 @@ def _replay_headers(names: Sequence[str]) -> frozenset[str]:
     return frozenset(name.lower() for name in names) - FORBIDDEN_REPLAY_HEADERS
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _retention(value: Any) -> dict[str, float]:
     merged = dict(DEFAULTS["RETENTION"])
     merged.update(value)
@@ -217,6 +226,7 @@ class Settings:
     PURGE_BATCH_SECONDS = _Setting(float)
     RETENTION = _Setting(_retention)
     OPERATION_RETENTION: _Setting[dict[str, dict[str, float]]] = _Setting(dict)
+    STEP_KEY_WINDOW = _Setting(_optional_float)
     REPLAY_CACHE = _Setting(_optional_str)
     READ_FIRST = _Setting(str)
     SHARDS = _Setting(lambda value: None if value is None else tuple(value))

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 
 from idempotency.compat import on_ninja_operation
 from idempotency.http import AnyRequest, aprotect, decorate, protect
+from idempotency.operations import declare
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
 
@@ -44,6 +45,7 @@ def idempotent(view: F | None = None, /, **options: Unpack[OptionArgs]) -> F | C
     def decorator(view: F) -> F:
         refuse_wrong_target(view)
         default_operation = f"{view.__module__}.{view.__qualname__}"
+        declare(given.operation or default_operation)
         if given.resolver is not None:
             # So that recovery, in a worker that never serves this view, finds it.
             register(given.operation or default_operation, given.resolver)

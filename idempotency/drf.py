@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.html import format_html
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ErrorDetail
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -40,6 +40,7 @@ from idempotency.http import (
     register_adapter,
 )
 from idempotency.models import Status
+from idempotency.operations import declare
 from idempotency.options import (
     APPLIES,
     ATTRIBUTE_PREFIX,
@@ -146,18 +147,37 @@ class IdempotentMixin:
             options = replace(options, fingerprint=hook)
         cls._idempotency_options = options
         cls._idempotency_by_operation = {}
-        resolver = cls._idempotency_options.resolver
-        if resolver is None:
-            return
-        # Recovery runs where no request ever reached this view: register it by name now.
         operation = cls._idempotency_options.operation
         names = (
             [operation]
             if operation
             else [_operation_name(cls, action) for action in cls.idempotency_resolved_actions]
         )
+        if cls.__module__ != __name__:  # a project's view, not IdempotentCreateMixin itself
+            for name in names:
+                declare(name)
+        resolver = cls._idempotency_options.resolver
+        if resolver is None:
+            return
+        # Recovery runs where no request ever reached this view: register it by name now.
         for name in names:
             register(name, resolver)
+
+    @classmethod
+    def as_view(cls, *args: Any, **kwargs: Any) -> Any:
+        # Which actions a general mixin's view protects, its URL says (a viewset's
+        # {method: action}, an APIView's handlers): the unsafe ones' operations are declared.
+        view = super().as_view(*args, **kwargs)  # type: ignore[misc]
+        if cls._idempotency_options.operation or cls.idempotency_resolved_actions:
+            return view  # declared when the class was made
+        methods: list[str] = getattr(cls, "http_method_names", [])
+        actions: Mapping[str, str] = getattr(view, "actions", None) or {
+            method: method for method in methods if hasattr(cls, method)
+        }
+        for method, action in actions.items():
+            if method.upper() not in SAFE_METHODS:
+                declare(_operation_name(cls, action))
+        return view
 
     def get_idempotency_key(self, request: Request) -> str | None:
         options = self._idempotency_options
@@ -241,20 +261,51 @@ class IdempotentCreateMixin(IdempotentMixin):
 # --- DRF's side of the HTTP layer --------------------------------------------------------
 
 
+class IdempotencyErrorDetail(dict[str, ErrorDetail]):
+    """``{"detail": ..., "code": ...}``, which also reads as DRF's ``ErrorDetail`` does.
+
+    DRF's handler puts a dict detail in the body as it is, so the stable code is
+    there; a project's handler that reads the code the documented way
+    (``exc.detail.code``, ``str(exc.detail)`` for the message) gets the same.
+    """
+
+    def __init__(self, error: IdempotencyError) -> None:
+        super().__init__(
+            detail=ErrorDetail(error.detail, error.code), code=ErrorDetail(error.code, error.code)
+        )
+        self.code = error.code
+
+    def __str__(self) -> str:
+        return str(self["detail"])
+
+
 class IdempotencyAPIException(APIException):
     """A protocol error as a DRF exception, for projects that render errors themselves.
 
-    Its detail is ``{"detail": ..., "code": ...}``: DRF's exception handler (and
-    any project handler built on it) puts both in the body, so the stable code
-    survives ``ERROR_FORMAT = "drf"``; ``detail["detail"].code`` carries it too.
+    Its detail (``IdempotencyErrorDetail``) is ``{"detail": ..., "code": ...}``: DRF's
+    exception handler (and any project handler built on it) puts both in the body,
+    so the stable code survives ``ERROR_FORMAT = "drf"``. A handler that reads the
+    code as DRF's exceptions give it gets it too: ``exc.get_codes()``,
+    ``exc.detail.code``, ``exc.get_full_details()["code"]``, ``exc.default_code``.
     """
 
     def __init__(self, error: IdempotencyError) -> None:
         self.status_code = error_status(error)
-        super().__init__(detail={"detail": error.detail, "code": error.code}, code=error.code)
+        super().__init__(code=error.code)
+        # Set after DRF's __init__, which would copy a dict detail into a plain dict.
+        self.detail: IdempotencyErrorDetail = IdempotencyErrorDetail(error)  # type: ignore[assignment]
+        self.default_code = error.code
         retry_after = getattr(error, "retry_after", None)  # KeyInUse, DatabaseUnavailable
         if retry_after is not None:
             self.wait = retry_after  # DRF's handler turns it into Retry-After
+
+    # What an exception with one message answers (DRF's own, e.g. ``NotAuthenticated``),
+    # not the dict of codes DRF gives for a dict detail.
+    def get_codes(self) -> str:  # type: ignore[override]
+        return self.detail.code
+
+    def get_full_details(self) -> dict[str, str]:  # type: ignore[override]
+        return {"message": str(self.detail), "code": self.detail.code}
 
 
 class DRFAdapter(FrameworkAdapter):

@@ -46,6 +46,22 @@ class KeyInUse(IdempotencyError):
         self.retry_after = max(1, int(retry_after))
 
 
+class KeyUnderReview(IdempotencyError):
+    """The first attempt's outcome is unknown and waits for an operator (409, no ``retry_after``).
+
+    Not a ``KeyInUse``: nothing is running, so no wait of a client's tells; the key
+    answers again once an operator (the admin, ``resolve_record``) has settled it.
+    """
+
+    code = "idempotency_key_under_review"
+    title = "Idempotency key under review"
+    default_detail = (
+        "The first request with this idempotency key was interrupted and its outcome is "
+        "unknown; an operator is reviewing it. Retrying will get this answer until they "
+        "have resolved it."
+    )
+
+
 class KeyReused(IdempotencyError):
     """The key was first used for another request: another body or route (422)."""
 

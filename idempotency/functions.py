@@ -21,6 +21,7 @@ from idempotency.conf import idempotency_settings
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.keys import call_key_function, checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.operations import declare
 from idempotency.options import IdempotencyOptions, refuse_unknown
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
@@ -109,6 +110,7 @@ class CallGuard:
                 raise ValueError(
                     f"{self.name}: {kind} should name its arguments, not {', '.join(unknown)}."
                 )
+        declare(self.name)
         if options.resolver is not None:
             register(self.name, options.resolver)  # recovery finds it in any process importing it
 
@@ -235,4 +237,5 @@ def _record_result(value: Any, attempt: Attempt) -> Outcome:
 
 
 def _stored_result(record: IdempotencyRecord) -> Any:
-    return json.loads(bytes(record.response_body)) if record.response_body is not None else None
+    # No body, or an empty one (an operator marked the call succeeded without a result): None.
+    return json.loads(bytes(record.response_body)) if record.response_body else None

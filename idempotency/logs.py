@@ -15,13 +15,10 @@ from typing import Any
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord
+from idempotency.outcomes import Recovered
+from idempotency.signals import operation_name
 
 logger = logging.getLogger("idempotency")
-
-
-def operation_name(operation: Any) -> str:
-    """Signals carry an ``Operation`` from the protocol or a plain name from recovery."""
-    return str(getattr(operation, "name", operation) or "")
 
 
 def _scope(operation: Any, record: IdempotencyRecord | None) -> str:
@@ -69,6 +66,13 @@ def on_key_in_use(sender: Any, operation: Any, **kwargs: Any) -> None:
     _log(logging.INFO, "in_use", operation, retry_after=kwargs.get("retry_after"))
 
 
+def on_key_under_review(
+    sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any
+) -> None:
+    # A client waits on an operator: the record (its scope in this line) is the one to settle.
+    _log(logging.WARNING, "under_review", operation, record)
+
+
 def on_key_reused(sender: Any, record: IdempotencyRecord, operation: Any, **kwargs: Any) -> None:
     # A client sent another request under a used key: a client bug worth seeing.
     _log(logging.WARNING, "key_reused", operation, record)
@@ -93,7 +97,8 @@ def on_database_unavailable(sender: Any, operation: Any, **kwargs: Any) -> None:
 def on_recovered(sender: Any, record: IdempotencyRecord, **kwargs: Any) -> None:
     outcome = str(kwargs.get("outcome", ""))
     # Anything but a clean resolution needs a person.
-    level = logging.INFO if outcome in ("succeeded", "released") else logging.WARNING
+    settled = outcome in (Recovered.SUCCEEDED, Recovered.RELEASED)
+    level = logging.INFO if settled else logging.WARNING
     _log(level, "recovered", kwargs.get("operation"), record, outcome=outcome)
 
 

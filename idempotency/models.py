@@ -31,7 +31,9 @@ class Status(models.TextChoices):
     NEEDS_REVIEW = "NEEDS_REVIEW", _("Needs review")
 
 
-REPLAYABLE = frozenset({Status.SUCCEEDED, Status.FAILED_FINAL})
+# The outcomes a repeat is answered with; they never change until the record expires.
+REPLAYABLE = (Status.SUCCEEDED, Status.FAILED_FINAL)
+# What can expire and be purged: never a record in flight or under review.
 PURGEABLE = (Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE)
 
 

@@ -41,6 +41,7 @@ from idempotency.http import (
     outage_response,
     protect,
 )
+from idempotency.operations import declare
 from idempotency.options import IdempotencyOptions
 from idempotency.resolvers import register
 from idempotency.response import use_error_format
@@ -81,6 +82,7 @@ def idempotent(view: F | None = None, /, **options: Unpack[OptionArgs]) -> F | C
                 "ninja has already registered the unprotected function."
             )
         default_operation = f"{view.__module__}.{view.__qualname__}"
+        declare(given.operation or default_operation)
         if given.resolver is not None:
             # So that recovery, in a worker that never serves this operation, finds it.
             register(given.operation or default_operation, given.resolver)

@@ -32,14 +32,16 @@ HTTP_ERROR_COMPONENT = "HttpError"
 # The stable codes each status can carry, in the order the docs list them.
 ERROR_CODES: dict[int, tuple[str, ...]] = {
     400: ("idempotency_key_missing", "idempotency_key_invalid"),
-    409: ("idempotency_key_in_use", "idempotency_lease_lost"),
+    409: ("idempotency_key_in_use", "idempotency_key_under_review", "idempotency_lease_lost"),
     422: ("idempotency_key_reused",),
     503: ("database_unavailable", "outcome_unknown"),
 }
 
 _ERROR_DESCRIPTIONS = {
     400: "The idempotency key is missing or malformed.",
-    409: "A request with this idempotency key is still in flight; retry after `Retry-After`.",
+    409: "A request with this idempotency key is still in flight: retry after `Retry-After`; "
+    "or its outcome is unknown and waits for an operator (`idempotency_key_under_review`, "
+    "without `Retry-After`): a retry gets the same answer until the operator has settled it.",
     422: "This idempotency key was already used with a different request.",
     503: "The database failed under the request; retry with the same key after "
     "`Retry-After`. `outcome_unknown`: the connection was lost while the outcome was "
@@ -237,7 +239,8 @@ def error_responses(
 
 def retry_after_header() -> Schema:
     return {
-        "description": "Seconds to wait before retrying with the same key.",
+        "description": "Seconds to wait before retrying with the same key (absent on "
+        "`idempotency_key_under_review`, which no wait resolves).",
         "schema": {"type": "integer", "minimum": 1},
     }
 

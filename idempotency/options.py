@@ -1,11 +1,11 @@
 """The per-call options, declared once: what every entry point takes.
 
 ``IdempotencyOptions`` holds them (names, types, defaults, validation) for the
-Django and ninja decorators, ``idempotent_function``, ``IdempotentTask`` and
-the DRF mixins. ``OptionArgs`` is the same list as keyword arguments, for
-``**options: Unpack[OptionArgs]``: a type checker cannot derive one from the
-other, so the two stand together here and a test keeps them alike. Adding an
-option is an edit of both, of ``APPLIES`` below, and of its docs.
+Django and ninja decorators, ``idempotent_function``, ``IdempotentTask``,
+``idempotent_task`` and the DRF mixins. ``OptionArgs`` is the same list as
+keyword arguments, for ``**options: Unpack[OptionArgs]``: a type checker cannot
+derive one from the other, so the two stand together here and a test keeps them
+alike. Adding an option is an edit of both, of ``APPLIES`` below, and of its docs.
 
 ``None`` (and ``()`` for ``exclude``) means "use the ``IDEMPOTENCY`` setting".
 """
@@ -137,6 +137,7 @@ APPLIES: Mapping[str, frozenset[str]] = {
     "ninja": frozenset(OPTION_NAMES),
     "idempotent_function": _FUNCTION,
     "IdempotentTask": _FUNCTION - {"operation"},
+    "idempotent_task": _FUNCTION,
     # key, scope, fingerprint and outcome_policy: the view's get_idempotency_* hooks.
     "IdempotentMixin": frozenset(OPTION_NAMES) - {"key", "scope", "fingerprint", "outcome_policy"},
 }

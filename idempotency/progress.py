@@ -7,11 +7,18 @@ functions take ``progress=``, a callable that receives a ``Progress``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from time import monotonic
 
-__all__ = ["OnProgress", "Progress", "duration", "every", "rate"]
+__all__ = ["OnProgress", "Progress", "duration", "every", "logged", "rate"]
+
+logger = logging.getLogger("idempotency")
+
+# A long pass run by a task logs where it stands at most this often (seconds); a short
+# one not at all.
+LOG_PROGRESS_EVERY = 10.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,28 @@ def every(seconds: float, callback: OnProgress) -> OnProgress:
             callback(progress)
 
     return throttled
+
+
+def logged(verb: str, event: str) -> OnProgress:
+    """A task's ``progress=``: ``Purging... 600 batches, ...`` to the ``idempotency`` logger,
+    at ``INFO``, at most every ``LOG_PROGRESS_EVERY`` seconds (``event``: its ``extra``)."""
+
+    def log(progress: Progress) -> None:
+        shard = f" {progress.shard}" if progress.shard else ""
+        logger.info(
+            "%s%s... %s",
+            verb,
+            shard,
+            progress.describe(),
+            extra={
+                "event": f"idempotency.{event}",
+                "batches": progress.batches,
+                "done": progress.done,
+                "shard": progress.shard,
+            },
+        )
+
+    return every(LOG_PROGRESS_EVERY, log)
 
 
 def rate(per_second: float) -> str:

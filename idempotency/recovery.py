@@ -27,9 +27,9 @@ from django.utils.translation import gettext_lazy as _
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import IdempotencyError, TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet, Status
+from idempotency.outcomes import Recovered, StoredResponse
 from idempotency.progress import Meter, OnProgress
 from idempotency.protocol.states import (
-    Recovered,
     can_transition,
     recover,
     recovery_outcome,
@@ -38,13 +38,6 @@ from idempotency.protocol.states import (
 from idempotency.resolvers import ask, resolver_for
 from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database
-
-# What happened to a record (the ``outcome`` of ``signals.record_recovered``).
-SUCCEEDED = Recovered.SUCCEEDED
-RELEASED = Recovered.RELEASED
-NEEDS_REVIEW = Recovered.NEEDS_REVIEW
-UNKNOWN = Recovered.UNKNOWN
-SKIPPED = Recovered.SKIPPED
 
 
 @dataclass
@@ -62,21 +55,19 @@ class RecoveryReport:
     def examined(self) -> int:
         return self.succeeded + self.released + self.needs_review + self.unknown + self.skipped
 
-    def add(self, outcome: str) -> None:
-        setattr(self, outcome, getattr(self, outcome) + 1)
+    def add(self, outcome: Recovered) -> None:
+        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
     def as_dict(self) -> dict[str, int | bool]:
         return {**asdict(self), "examined": self.examined}
 
     def outcomes(self) -> dict[str, int]:
         """How many records each outcome took so far (``skipped`` only where there were some)."""
-        counts = {
-            name: getattr(self, name) for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN)
-        }
-        return {**counts, SKIPPED: self.skipped} if self.skipped else counts
+        shown = [outcome for outcome in Recovered if outcome != Recovered.SKIPPED or self.skipped]
+        return {outcome.value: getattr(self, outcome.value) for outcome in shown}
 
 
-def resolve_record(record: IdempotencyRecord) -> str:
+def resolve_record(record: IdempotencyRecord) -> Recovered:
     """Ask ``record``'s resolver now and apply the answer; returns what happened.
 
     Works on a ``PROCESSING`` record whose lease expired and on a
@@ -92,7 +83,7 @@ def resolve_record(record: IdempotencyRecord) -> str:
             .first()
         )
         if locked is None:
-            return SKIPPED
+            return Recovered.SKIPPED
         outcome, _ = recover(locked, resolver_for(locked.operation))
     return outcome
 
@@ -145,12 +136,13 @@ def total(reports: Iterable[RecoveryReport], dry_run: bool = False) -> RecoveryR
     """The reports of several shards added up."""
     summed = RecoveryReport(dry_run=dry_run)
     for report in reports:
-        for name in (SUCCEEDED, RELEASED, NEEDS_REVIEW, UNKNOWN, SKIPPED):
+        for outcome in Recovered:
+            name = outcome.value
             setattr(summed, name, getattr(summed, name) + getattr(report, name))
     return summed
 
 
-def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
+def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> Recovered:
     resolver = resolver_for(record.operation)
     if dry_run:
         return recovery_outcome(record, ask(resolver, record) if resolver is not None else None)
@@ -158,7 +150,7 @@ def _recover_one(record: IdempotencyRecord, *, dry_run: bool) -> str:
         outcome, _ = recover(record, resolver)
     except TransitionNotAllowed:
         # The first attempt finished (or renewed) between our read and our write.
-        return SKIPPED
+        return Recovered.SKIPPED
     return outcome
 
 
@@ -191,6 +183,7 @@ NOT_RESOLVABLE = _(
     "resolved, and not while another worker holds it."
 )
 ResourceIds = Callable[[IdempotencyRecord], "str | None"]
+Responses = Callable[[IdempotencyRecord], "StoredResponse | None"]
 
 
 @dataclass(frozen=True)
@@ -199,7 +192,7 @@ class Change:
 
     before: IdempotencyRecord
     after: IdempotencyRecord
-    outcome: str = ""
+    outcome: Recovered | None = None
 
     def describe(self) -> str:
         """The change in a sentence, for an audit log."""
@@ -212,6 +205,12 @@ class Change:
             message += " " + gettext("Resource id %(old)r → %(new)r.") % {
                 "old": before.resource_id,
                 "new": after.resource_id,
+            }
+        replayed = (after.response_status, bytes(after.response_body or b""))
+        if replayed != (before.response_status, bytes(before.response_body or b"")):
+            message += " " + gettext("Repeats get status %(status)s, %(size)d bytes.") % {
+                "status": after.response_status,
+                "size": len(replayed[1]),
             }
         return message
 
@@ -234,17 +233,21 @@ def mark_records(
     target: Status,
     *,
     resource_ids: ResourceIds | None = None,
+    responses: Responses | None = None,
 ) -> ResolutionReport:
     """Move each record to ``target`` (``SUCCEEDED``, ``FAILED_RETRYABLE``, ``FAILED_FINAL``).
 
     ``resource_ids(record)`` gives what the first run created (``None`` keeps
     what is stored): with ``SUCCEEDED``, repeats then get the stored outcome.
+    ``responses(record)`` gives that outcome: what repeats are answered (``None``
+    keeps what is stored; with none stored, an empty ``200``).
     """
     report = ResolutionReport()
     for record in records:
         resource_id = resource_ids(record) if resource_ids else None
+        response = responses(record) if responses else None
         try:
-            updated = _transition(record, target, resource_id)
+            updated = _transition(record, target, resource_id, response)
         except TransitionNotAllowed as error:
             report.refused.append(f"{record}: {error.detail}")
             continue
@@ -253,14 +256,19 @@ def mark_records(
 
 
 def _transition(
-    record: IdempotencyRecord, target: Status, resource_id: str | None
+    record: IdempotencyRecord,
+    target: Status,
+    resource_id: str | None,
+    response: StoredResponse | None = None,
 ) -> IdempotencyRecord:
     if not can_transition(record, target):
         raise TransitionNotAllowed(
             gettext("a %(status)s record cannot become %(target)s: %(rule)s")
             % {"status": record.status, "target": target, "rule": NOT_RESOLVABLE}
         )
-    return transition(record, target, resource_id=resource_id, using=record._state.db)
+    return transition(
+        record, target, resource_id=resource_id, response=response, using=record._state.db
+    )
 
 
 def run_resolvers(records: Iterable[IdempotencyRecord]) -> ResolutionReport:
@@ -277,7 +285,7 @@ def run_resolvers(records: Iterable[IdempotencyRecord]) -> ResolutionReport:
     return report
 
 
-def _resolved(record: IdempotencyRecord) -> str:
+def _resolved(record: IdempotencyRecord) -> Recovered:
     if resolver_for(record.operation) is None:
         raise TransitionNotAllowed(
             gettext(
@@ -290,6 +298,6 @@ def _resolved(record: IdempotencyRecord) -> str:
             % {"operation": record.operation, "operation_repr": repr(record.operation)}
         )
     outcome = resolve_record(record)
-    if outcome == SKIPPED:
+    if outcome == Recovered.SKIPPED:
         raise TransitionNotAllowed(str(NOT_RESOLVABLE))
     return outcome

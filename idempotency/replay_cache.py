@@ -22,7 +22,7 @@ already holds for good:
   request that read the record just before an operator deleted it cannot put
   it back. A cache error is logged and the database answers.
 
-This module knows nothing of HTTP; ``core`` asks it before claiming.
+This module knows nothing of HTTP; the protocol (``execute``) asks it before claiming.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from django.core.cache import caches
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheBackendError
@@ -42,9 +42,6 @@ from idempotency.conf import idempotency_settings
 from idempotency.models import REPLAYABLE, IdempotencyRecord
 from idempotency.shards import namespace
 from idempotency.stores import records_database
-
-if TYPE_CHECKING:
-    from idempotency.outcomes import Outcome
 
 
 class Operation(Protocol):
@@ -103,30 +100,24 @@ def remember(operation: Operation, record: IdempotencyRecord) -> None:
 def remember_outcome(
     operation: Operation,
     record_id: int,
-    outcome: Outcome,
+    columns: dict[str, Any],
     window: timedelta | None,
-    resource_id: str,
     since: float | None = None,
 ) -> None:
-    """Cache the outcome an attempt just recorded, once its transaction commits.
+    """Cache the outcome an attempt just recorded (its ``columns``), once its transaction commits.
 
     ``since`` (``time.monotonic()``) is when the attempt claimed the record: the
     window may count from the claim (PostgreSQL's atomic mode), never from later.
     """
-    if outcome.status not in REPLAYABLE or _cache() is None:
+    if columns["status"] not in REPLAYABLE or _cache() is None:
         return
-    response = outcome.response
     record = IdempotencyRecord(
         pk=record_id,
         scope=operation.scope,
         idem_key=operation.key,
         operation=operation.name[:255],
         request_hash=operation.request_hash,
-        status=outcome.status,
-        response_status=response.status if response else None,
-        response_headers=[list(pair) for pair in response.headers] if response else [],
-        response_body=response.body if response else None,
-        resource_id=resource_id,
+        **columns,
     )
     ends = None
     if window is not None:

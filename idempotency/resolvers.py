@@ -13,6 +13,9 @@ business data for the record's scope and key and answers:
 A view names its resolver (``resolver=`` on ``@idempotent``, or
 ``idempotency_resolver`` on a DRF view); otherwise
 ``IDEMPOTENCY["RESOLVERS"][operation_name]`` is used.
+
+``idempotency.steps.effects_carry_step_keys`` is one the library ships, for work
+whose every external effect carries its step key (docs/downstream.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from django.db import transaction
 
 from idempotency.conf import idempotency_settings, load_callable
+from idempotency.operations import declare
 
 if TYPE_CHECKING:
     from idempotency.models import IdempotencyRecord
@@ -66,6 +70,7 @@ _registry: dict[str, ResolverSpec] = {}
 
 def register(operation: str, resolver: ResolverSpec) -> None:
     """Name ``resolver`` as the one for ``operation`` (views do this when they are defined)."""
+    declare(operation)  # an operation of the project's, whoever registers its resolver
     _registry[operation] = resolver
 
 

@@ -129,6 +129,9 @@ _ERROR_STATUS = {
     "idempotency_request_invalid": 400,
     "idempotency_scope_unavailable": 403,
     "idempotency_key_in_use": 409,
+    # 409 too: a conflict with the record's state, which a retry does not change; without
+    # Retry-After, which would invite a client's SDK to poll until an operator acts.
+    "idempotency_key_under_review": 409,
     "idempotency_lease_lost": 409,
     "idempotency_key_reused": 422,
     "database_unavailable": 503,

@@ -15,6 +15,7 @@ database still holds no batch's locks for long.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -29,7 +30,8 @@ from idempotency.models import PURGEABLE, IdempotencyRecord, IdempotencyRecordQu
 from idempotency.progress import Meter, OnProgress
 from idempotency.shards import Shard, in_every_shard
 from idempotency.stores import records_database, store_for
-from idempotency.stores.base import Purged
+
+logger = logging.getLogger("idempotency")
 
 
 def purge(
@@ -49,7 +51,7 @@ def purge(
     - ``scope``: only this scope; a trailing ``*`` matches a prefix (``user:42:*``).
     - ``progress(Progress)`` is called after each batch that deleted rows
       (``idempotency.progress``: batches, records so far, of how many, time).
-    - ``database``: that alias (``idempotency.fanout.purge_everywhere`` visits
+    - ``database``: that alias (``purge_everywhere`` visits
       every one that holds records).
 
     Each batch is its own short transaction, of at most ``batch_size``
@@ -153,14 +155,14 @@ def _delete_in_batches(
         # slower than the one before until vacuum). Rows skipped as locked wait for the next pass.
         chosen = candidates if floor is None else candidates.filter(**{f"{ordering}__gte": floor})
         size, began = sizer.size, clock()
+        cached = idempotency_settings.REPLAY_CACHE is not None
         with transaction.atomic(using=database):
-            if idempotency_settings.REPLAY_CACHE is None:
-                # One statement where the store can: no list of ids goes back and forth.
-                count, floor, picked = store_for(database).delete_batch(
-                    batch(chosen, size), ordering
-                )
-            else:
-                count, floor, picked = _delete_and_forget(database, batch(chosen, size), ordering)
+            count, floor, picked, keys = store_for(database).delete_batch(
+                batch(chosen, size), ordering, keys=cached
+            )
+        if keys:
+            # A purged record is never answered from the cache again.
+            replay_cache.forget(keys, database, tombstone=False)
         # Timed to the commit's end: what other transactions wait for is the whole batch.
         sizer.observe(count, clock() - began)
         deleted += count
@@ -172,21 +174,13 @@ def _delete_in_batches(
             return deleted
 
 
-def _delete_and_forget(database: str, picked: IdempotencyRecordQuerySet, ordering: str) -> Purged:
-    """With a replay cache: lock the batch reading its keys, delete it, forget the keys."""
-    rows = list(picked.values_list("pk", "scope", "idem_key", ordering))
-    IdempotencyRecord.objects.using(database).filter(pk__in=[row[0] for row in rows]).delete()
-    replay_cache.forget([(row[1], row[2]) for row in rows], database, tombstone=False)
-    return Purged(len(rows), max((row[3] for row in rows), default=None), len(rows))
-
-
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
     if statuses is None:
-        return [str(status) for status in PURGEABLE]
+        return list(PURGEABLE)
     chosen = [str(status).upper() for status in statuses]
     refused = sorted(set(chosen) - {str(status) for status in PURGEABLE})
     if refused:
-        allowed = ", ".join(str(status) for status in PURGEABLE)
+        allowed = ", ".join(PURGEABLE)
         raise ValueError(
             f"Cannot purge {', '.join(refused)} records: only {allowed} records are purged "
             "(PROCESSING and NEEDS_REVIEW records are never purged)."
@@ -202,3 +196,60 @@ def purge_everywhere(
     ``progress`` gets each shard's ``Progress``, with the shard's label where there are several.
     """
     return in_every_shard(purge, database, progress, options)
+
+
+def purge_orphan_steps(
+    batch_size: int | None = None,
+    dry_run: bool = False,
+    database: str | None = None,
+    progress: OnProgress | None = None,
+) -> int:
+    """Delete steps whose record is gone, in batches of ``batch_size``; returns how many.
+
+    A record's steps go with it whichever way it is deleted; only an earlier
+    release (its purge with a replay cache) or a hand-made ``DELETE`` left such
+    steps behind. Each batch is one short statement; with ``dry_run``, a count.
+    """
+    size = batch_size or idempotency_settings.PURGE_BATCH_SIZE
+    if size < 1:
+        raise ValueError("batch_size should be a positive integer.")
+    store = store_for(records_database(database))
+    if dry_run:
+        return store.count_orphan_steps()
+    meter, deleted = Meter(progress), 0
+    while (count := store.delete_orphan_steps(size)) > 0:
+        deleted += count
+        meter.batch(deleted)
+        if count < size:
+            break
+    return deleted
+
+
+def purge_orphan_steps_everywhere(
+    database: str | None = None, progress: OnProgress | None = None, **options: Any
+) -> list[tuple[Shard, int]]:
+    """``purge_orphan_steps`` in every shard: how many steps each lost."""
+    return in_every_shard(purge_orphan_steps, database, progress, options)
+
+
+def scheduled_purge(
+    database: str | None = None,
+    batch_size: int | None = None,
+    progress: OnProgress | None = None,
+) -> tuple[int, int]:
+    """The purge a schedule runs (the Celery and ``django.tasks`` purge tasks, the scheduler).
+
+    Every shard's expired records, then any step an earlier release left without
+    its record (logged when there were some). Returns how many records and how
+    many such steps went.
+    """
+    purged = purge_everywhere(database=database, batch_size=batch_size, progress=progress)
+    orphans = purge_orphan_steps_everywhere(database=database, batch_size=batch_size)
+    steps = sum(count for _, count in orphans)
+    if steps:
+        logger.info(
+            "Purged %s steps whose record was gone",
+            steps,
+            extra={"event": "idempotency.orphan_steps_purged", "count": steps},
+        )
+    return sum(count for _, count in purged), steps

@@ -114,6 +114,22 @@ def _non_negative_number(name: str, error_id: str) -> Check:
     return check
 
 
+def _optional_positive_number(name: str, error_id: str, hint: str) -> Check:
+    def check(user: dict[str, Any]) -> list[CheckMessage]:
+        value = user.get(name, DEFAULTS[name])
+        if value is None or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        ):
+            return []
+        return _error(
+            f"IDEMPOTENCY[{name!r}] should be a positive number or None, not {value!r}.",
+            hint=hint,
+            id=error_id,
+        )
+
+    return check
+
+
 def _boolean(name: str, error_id: str) -> Check:
     def check(user: dict[str, Any]) -> list[CheckMessage]:
         if isinstance(user.get(name, DEFAULTS[name]), bool):
@@ -430,6 +446,12 @@ CHECKS: list[Check] = [
     _choice("READ_FIRST", ("auto", "always", "never"), "idempotency.E034"),
     _shards,
     _write_guard,
+    _optional_positive_number(
+        "STEP_KEY_WINDOW",
+        "idempotency.E041",
+        hint="Seconds the providers your step keys go to remember a key (Stripe: 86400), "
+        "or None when no operation sends step keys.",
+    ),
 ]
 
 

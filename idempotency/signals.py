@@ -27,6 +27,10 @@ response_replayed = Signal(use_caching=True)
 # A repeat arrived while the first attempt was in flight (answered 409).
 # operation, retry_after: int (seconds)
 key_in_use = Signal(use_caching=True)
+# A repeat arrived while the first attempt's outcome waits for an operator (NEEDS_REVIEW:
+# answered 409 idempotency_key_under_review, with no Retry-After).
+# record, operation
+key_under_review = Signal(use_caching=True)
 # The key was sent again with a different request fingerprint (answered 422).
 # record, operation
 key_reused = Signal(use_caching=True)
@@ -39,7 +43,8 @@ record_completed = Signal(use_caching=True)
 # error: the database's exception, retry_after: int (seconds)
 database_unavailable = Signal(use_caching=True)
 # Recovery resolved an expired or stuck record.
-# record, operation: str, outcome (one of "succeeded", "released", "needs_review", "unknown")
+# record, operation: str, outcome: idempotency.outcomes.Recovered (a str: "succeeded",
+# "released", "needs_review" or "unknown")
 record_recovered = Signal(use_caching=True)
 # Purge deleted (or, with dry_run, counted) expired records.
 # count: int, dry_run: bool
@@ -56,6 +61,7 @@ RECEIVER_NAMES: dict[str, Signal] = {
     "on_claimed": record_claimed,
     "on_replayed": response_replayed,
     "on_key_in_use": key_in_use,
+    "on_key_under_review": key_under_review,
     "on_key_reused": key_reused,
     "on_completed": record_completed,
     "on_database_unavailable": database_unavailable,
@@ -63,6 +69,11 @@ RECEIVER_NAMES: dict[str, Signal] = {
     "on_purged": records_purged,
     "on_unkeyed": request_unkeyed,
 }
+
+
+def operation_name(operation: Any) -> str:
+    """The name a receiver reports: the protocol sends an ``Operation``, recovery a plain name."""
+    return str(getattr(operation, "name", operation) or "")
 
 
 def send_unkeyed(operation: str, request: Any) -> None:

@@ -23,7 +23,9 @@ key reveals nothing of the scope, the client's key or the project.
 
 ``attempt.step(name, run)`` also records ``run``'s JSON result, fenced by the
 lease; a later attempt of the same request gets it back without calling ``run``.
-Rows live in ``IdempotencyStep``, a table of their own (see the model for why).
+Rows live in ``IdempotencyStep``, a table of their own (see the model for why),
+which the records' store reads and writes (``Store.seed``, ``plant_seed``,
+``recorded_step``, ``record_step``).
 """
 
 from __future__ import annotations
@@ -31,21 +33,26 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, transaction
-from django.db.models import F
+from django.db import connections
+from django.utils import timezone
 
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import LeaseLost
-from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
+from idempotency.models import IdempotencyRecord
+from idempotency.resolvers import Resolution
+from idempotency.stores import records_database, store_for
 
 __all__ = [
     "KEY_PREFIX",
+    "effects_carry_step_keys",
     "NotInAttempt",
     "StepNotRecorded",
     "current",
@@ -57,6 +64,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+logger = logging.getLogger("idempotency")
+
 KEY_PREFIX = "idem_"
 VERSION = "idempotency-step/1"
 SEED_BYTES = 32
@@ -67,6 +76,7 @@ class _Operation(Protocol):
     key: str
     mode: str
     database: str
+    store: Any
 
 
 class AttemptLike(Protocol):
@@ -100,8 +110,9 @@ class NotInAttempt(RuntimeError):
             detail
             or "Steps are taken from a running lease-mode attempt: call them from the work of "
             "a view protected with mode='lease' (request.idempotency), an "
-            "@idempotent_function(mode='lease') (idempotency.steps.current()) or an "
-            "IdempotentTask with idempotency_mode='lease' (self.idempotency, bind=True)."
+            "@idempotent_function(mode='lease') (idempotency.steps.current()), an "
+            "IdempotentTask with idempotency_mode='lease' (self.idempotency, bind=True) or an "
+            "@idempotent_task(mode='lease') (context.idempotency, takes_context=True)."
         )
 
 
@@ -155,17 +166,23 @@ def step(
     attempt, with the same key.
     """
     key = step_key(attempt, name, position)  # fenced: a stale owner gets LeaseLost here
-    database = attempt.operation.database
+    store = attempt.operation.store
     if record:
-        rows = IdempotencyStep.objects.using(database).filter(
-            record_id=attempt.record.pk, step_key=key
-        )
-        stored = rows.values_list("result", flat=True).first()
+        stored = store.recorded_step(attempt.record.pk, key)
         if stored:  # JSON text is never empty
             return json.loads(stored)  # type: ignore[no-any-return]
     value = run(key)
     if record:
-        _record(attempt, name, position, key, _encoded(name, value))
+        written = store.record_step(
+            attempt.record.pk,
+            attempt.owner_token,
+            name=name,
+            position=position,
+            step_key=key,
+            result=_encoded(name, value),
+        )
+        if not written:
+            raise _lease_lost()
     return value
 
 
@@ -176,15 +193,39 @@ def key_for_record(record: IdempotencyRecord, name: str, position: int | None = 
     received a call keyed for it. Reads only; no lease needed.
     """
     _check_step(name, position)
-    seed = (
-        IdempotencyStep.objects.using(record._state.db or "default")
-        .filter(record_id=record.pk, step_key="", request_started=F("record__created_at"))
-        .values_list("seed", flat=True)
-        .first()
-    )
+    seed = store_for(record._state.db or records_database(record=record)).seed(record.pk)
     if seed is None:
         return None
     return derive(seed, record.scope, record.idem_key, name, position)
+
+
+def effects_carry_step_keys(record: IdempotencyRecord) -> Resolution:
+    """A resolver: release a lost attempt for a retry, each of its external effects keyed.
+
+    The operation's work says so by sending ``attempt.step_key(...)`` with every call
+    to another idempotent API (and by keeping its own writes safe to repeat): a retry
+    sends the same keys, so each provider answers it with what the lost attempt did
+    and does nothing twice. "Not done" here means "safe to run again".
+
+    Answers "unknown" (asked again, then an operator's) once the request's first step
+    key is older than ``STEP_KEY_WINDOW``: the provider may have forgotten it by now,
+    and a retry would do the work again.
+    """
+    store = store_for(record._state.db or records_database(record=record))
+    first_keyed = store.seeded_at(record.pk)  # the seed is written before any step key
+    if first_keyed is None:
+        return Resolution.not_done()  # no step was ever keyed: nothing left the process
+    window = idempotency_settings.STEP_KEY_WINDOW
+    if window is not None and timezone.now() - first_keyed >= timedelta(seconds=window):
+        logger.warning(
+            "idempotency record %s keyed its first step more than STEP_KEY_WINDOW (%s s) "
+            "ago: its provider may have forgotten the key, so it is not released for retry",
+            record.pk,
+            window,
+            extra={"scope": record.scope, "record": record.pk},
+        )
+        return Resolution.unknown()
+    return Resolution.not_done()
 
 
 def _check_step(name: object, position: object) -> None:
@@ -220,18 +261,11 @@ def _check_attempt(attempt: AttemptLike) -> None:
 def _seed(attempt: AttemptLike) -> str:
     """The request's seed: read (fenced by the lease), or written the first time."""
     _check_attempt(attempt)
-    database, pk, token = attempt.operation.database, attempt.record.pk, attempt.owner_token
-    seeds = IdempotencyStep.objects.using(database).filter(
-        record_id=pk,
-        step_key="",
-        request_started=F("record__created_at"),
-        record__owner_token=token,
-        record__status=Status.PROCESSING,
-    )
-    seed = seeds.values_list("seed", flat=True).first()
+    operation, pk, token = attempt.operation, attempt.record.pk, attempt.owner_token
+    seed: str | None = operation.store.seed(pk, token)
     if seed is not None:
         return seed
-    if connections[database].in_atomic_block:
+    if connections[operation.database].in_atomic_block:
         # The seed must be committed before its key reaches a provider: rolled back
         # with the caller's transaction, the retry's key would differ.
         raise NotInAttempt(
@@ -239,32 +273,10 @@ def _seed(attempt: AttemptLike) -> str:
             "cannot be taken inside transaction.atomic() on the records' database: take "
             "it before the transaction (key = attempt.step_key(...)), then open it."
         )
-    with transaction.atomic(using=database):
-        started = _owned(attempt).values_list("created_at", flat=True).first()
-        if started is None:
-            raise _lease_lost()
-        rows = IdempotencyStep.objects.using(database).filter(record_id=pk)
-        kept = rows.filter(step_key="", request_started=started).values_list("seed", flat=True)
-        seed = kept.first()
-        if seed is not None:
-            return seed
-        # Rows of an earlier request under this record (replaced once it expired):
-        # its seed and results are not this request's.
-        rows.delete()
-        seed = secrets.token_hex(SEED_BYTES)
-        IdempotencyStep.objects.using(database).create(
-            record_id=pk, request_started=started, seed=seed
-        )
+    seed = operation.store.plant_seed(pk, token, secrets.token_hex(SEED_BYTES))
+    if seed is None:
+        raise _lease_lost()
     return seed
-
-
-def _owned(attempt: AttemptLike) -> Any:
-    """The attempt's record, locked, while it holds the lease (nothing otherwise)."""
-    return (
-        IdempotencyRecord.objects.using(attempt.operation.database)
-        .select_for_update()
-        .filter(pk=attempt.record.pk, owner_token=attempt.owner_token, status=Status.PROCESSING)
-    )
 
 
 def _lease_lost() -> LeaseLost:
@@ -292,23 +304,3 @@ def _encoded(name: str, value: Any) -> str:
             "provider's ids), raise MAX_RESPONSE_BYTES, or pass record=False."
         )
     return text
-
-
-def _record(attempt: AttemptLike, name: str, position: int | None, key: str, text: str) -> None:
-    database = attempt.operation.database
-    with transaction.atomic(using=database):
-        started = _owned(attempt).values_list("created_at", flat=True).first()
-        if started is None:
-            raise _lease_lost()
-        try:
-            with transaction.atomic(using=database):
-                IdempotencyStep.objects.using(database).create(
-                    record_id=attempt.record.pk,
-                    request_started=started,
-                    name=name,
-                    position=position,
-                    step_key=key,
-                    result=text,
-                )
-        except IntegrityError:
-            pass  # recorded already by this attempt (a step taken twice): the first stays

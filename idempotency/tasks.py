@@ -6,18 +6,11 @@ ready schedule from ``idempotency.beat`` to run them periodically.
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
-from idempotency.progress import OnProgress, Progress, every
+from idempotency.progress import logged
 from idempotency.recovery import recover_everywhere, total
-from idempotency.retention import purge_everywhere
-
-logger = logging.getLogger("idempotency")
-
-# A long pass logs where it stands at most this often (seconds); a short one not at all.
-LOG_PROGRESS_EVERY = 10.0
+from idempotency.retention import scheduled_purge
 
 
 @shared_task(name="idempotency.recover_expired_leases")
@@ -28,34 +21,18 @@ def recover_expired_leases(
     reports = recover_everywhere(
         database=database,
         batch_size=batch_size,
-        progress=_logged("Recovering", "recovery_progress"),
+        progress=logged("Recovering", "recovery_progress"),
     )
     return total(report for _, report in reports).as_dict()
 
 
 @shared_task(name="idempotency.purge_expired_records")
 def purge_expired_records(batch_size: int | None = None, database: str | None = None) -> int:
-    """Delete records whose retention window has passed, in every shard; returns how many."""
-    purged = purge_everywhere(
-        database=database, batch_size=batch_size, progress=_logged("Purging", "purge_progress")
+    """Delete records whose retention window has passed, in every shard; returns how many.
+
+    Steps whose record is gone (left by an earlier release) go too, and are logged.
+    """
+    records, _ = scheduled_purge(
+        database=database, batch_size=batch_size, progress=logged("Purging", "purge_progress")
     )
-    return sum(count for _, count in purged)
-
-
-def _logged(verb: str, event: str) -> OnProgress:
-    def log(progress: Progress) -> None:
-        shard = f" {progress.shard}" if progress.shard else ""
-        logger.info(
-            "%s%s... %s",
-            verb,
-            shard,
-            progress.describe(),
-            extra={
-                "event": f"idempotency.{event}",
-                "batches": progress.batches,
-                "done": progress.done,
-                "shard": progress.shard,
-            },
-        )
-
-    return every(LOG_PROGRESS_EVERY, log)
+    return records

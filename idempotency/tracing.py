@@ -28,6 +28,7 @@ from idempotency.exceptions import (
     IdempotencyError,
     KeyInUse,
     KeyReused,
+    KeyUnderReview,
     LeaseLost,
 )
 from idempotency.stores import records_database, store_for
@@ -52,11 +53,23 @@ EXECUTED = "executed"
 REPLAYED = "replayed"
 RECOVERED = "recovered"
 CONFLICT = "conflict"
+UNDER_REVIEW = "under_review"  # the first attempt's outcome waits for an operator
 REUSED = "reused"
 INVALID = "invalid"
 LEASE_LOST = "lease_lost"
 OUTAGE = "outage"
-DECISIONS = (UNKEYED, EXECUTED, REPLAYED, RECOVERED, CONFLICT, REUSED, INVALID, LEASE_LOST, OUTAGE)
+DECISIONS = (
+    UNKEYED,
+    EXECUTED,
+    REPLAYED,
+    RECOVERED,
+    CONFLICT,
+    UNDER_REVIEW,
+    REUSED,
+    INVALID,
+    LEASE_LOST,
+    OUTAGE,
+)
 
 
 @dataclass
@@ -138,6 +151,8 @@ def _ended_by(call: _Call, exc: BaseException) -> None:
         call.decide(LEASE_LOST)
     elif isinstance(exc, KeyInUse):
         call.decide(CONFLICT, retry_after=exc.retry_after)
+    elif isinstance(exc, KeyUnderReview):
+        call.decide(UNDER_REVIEW)
     elif isinstance(exc, KeyReused):
         call.decide(REUSED)
     elif isinstance(exc, IdempotencyError):
@@ -185,6 +200,11 @@ def on_replayed(sender: Any, record: Any, operation: Any, **kwargs: Any) -> None
 def on_key_in_use(sender: Any, operation: Any, **kwargs: Any) -> None:
     if call := _current(operation):
         call.decide(CONFLICT, retry_after=int(kwargs.get("retry_after") or 0))
+
+
+def on_key_under_review(sender: Any, operation: Any, **kwargs: Any) -> None:
+    if call := _current(operation):
+        call.decide(UNDER_REVIEW)
 
 
 def on_key_reused(sender: Any, operation: Any, **kwargs: Any) -> None:

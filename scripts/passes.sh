@@ -9,7 +9,8 @@
 # pass               database (env)                       what runs
 # lint               -                                    ruff check, ruff format --check
 # mypy               -                                    mypy (django-stubs)
-# docs               -                                    mkdocs build --strict
+# docs               -                                    mkdocs build --strict; scripts/offline_site.py:
+#                                                         no page loads anything from another host
 # model              -                                    scripts/model-check.sh: Spin verifies the
 #                                                         protocol model and catches its seeded flaws
 # sqlite             SQLite (DATABASE_URL unset)          pytest -m "not postgres and not mariadb and not server_db"
@@ -72,8 +73,12 @@ run_pass() {
       "$PY" -m mypy
       ;;
     docs)
-      echo "== docs build"
-      "$PY" -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+      echo "== docs build, and no request of the site to another host"
+      local site
+      site=$(mktemp -d)
+      "$PY" -m mkdocs build --strict --quiet --site-dir "$site"
+      "$PY" scripts/offline_site.py "$site"
+      rm -rf "$site"
       ;;
     model)
       echo "== the protocol model, checked by Spin (docs/trust.md)"

@@ -22,6 +22,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "idempotency",
+    # django.tasks' database backend: docs/tasks.md, tests/protocol/test_django_tasks.py.
+    "django_tasks_db",
     "tests.testapp.apps.TestAppConfig",
     "example_project.shop",
     "example_project.reports",
@@ -59,6 +61,10 @@ if os.environ.get("PREPARED_STATEMENTS") and "postgresql" in DATABASES["default"
     # The suite's second PostgreSQL run: psycopg 3 binds server-side and prepares
     # every statement at once, Django's and this app's (see docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+    # A django-tasks-db migration makes a column NOT NULL with a default, which Django's
+    # schema editor sends as one statement of two commands ("UPDATE ...; SET CONSTRAINTS
+    # ALL IMMEDIATE"): PostgreSQL refuses to prepare it. Its tables come from its models.
+    MIGRATION_MODULES = {"django_tasks_database": None}
 if os.environ.get("PGBOUNCER"):
     # The pass through PgBouncer in transaction pooling mode (scripts/pgbouncer.sh):
     # what Django asks of a connection behind such a pooler, which also tells the
@@ -92,6 +98,10 @@ REST_FRAMEWORK = {
     # From the start, as a project sets it: ``@api_view`` fixes its view's schema at import.
     "DEFAULT_SCHEMA_CLASS": "idempotency.contrib.spectacular.AutoSchema",
 }
+
+# Django's tasks (the django-tasks backport on Django 5.2) in the test database, run by
+# django-tasks-db's db_worker: a task enqueued in a transaction commits or rolls back with it.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": []}}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

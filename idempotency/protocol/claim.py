@@ -2,7 +2,7 @@
 and what a duplicate of an attempt in flight is told.
 
 ``claim`` returns ``(attempt, None)`` when this call owns the record and must
-run the work, or ``(None, record)`` when a recorded outcome must be replayed.
+run the work, or ``(None, found)`` when a recorded outcome must be replayed.
 A key held by a live attempt raises ``InFlightHere``; a wait on the row lock past
 its bound, ``KeyInUse``; a claim the database gave up (a deadlock's victim),
 ``ClaimGivenUp``, which the caller may meet by claiming again in a new
@@ -35,13 +35,13 @@ from django.db import DatabaseError, transaction
 from idempotency import signals
 from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
-from idempotency.models import IdempotencyRecord, Status
+from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
 from idempotency.protocol.operation import Attempt, Operation
-from idempotency.protocol.states import REPLAYABLE, recover
+from idempotency.protocol.states import recover
 from idempotency.resolvers import resolver_for
-from idempotency.stores import Candidate
+from idempotency.stores import Candidate, Found
 
-Claimed = tuple["Attempt | None", IdempotencyRecord | None]
+Claimed = tuple["Attempt | None", Found | None]
 
 # How often a claim the database gave up is tried again, each in a transaction of
 # its own, before the duplicate is answered 409.
@@ -55,25 +55,25 @@ class ClaimGivenUp(Exception):
 class InFlightHere(Exception):
     """A live attempt holds the key: a 409, unless the duplicate may wait for its outcome."""
 
-    def __init__(self, record: IdempotencyRecord) -> None:
-        self.record = record
+    def __init__(self, found: Found) -> None:
+        self.found = found
 
 
 def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     """Claim the record inside the caller's transaction.
 
     Returns ``(attempt, None)`` when this call owns the record and must run the
-    work, or ``(None, record)`` when a recorded outcome must be replayed (or,
+    work, or ``(None, found)`` when a recorded outcome must be replayed (or,
     after a lost lease the resolver could not settle, answered "in use" once the
     transaction has committed what recovery wrote).
     """
     token = secrets.token_hex(16)
-    record = _claim_in_one_statement(operation, token) if one_statement else None
-    if record is None:
+    found = _claim_in_one_statement(operation, token) if one_statement else None
+    if found is None:
         store = operation.store
         with ContentionAnswered(operation), store.bounded_lock_wait(operation.lock_wait):
-            record = _insert_or_lock(operation, token)
-    return _settle(operation, record, token)
+            found = _insert_or_lock(operation, token)
+    return _settle(operation, found, token)
 
 
 def claim_committed(operation: Operation) -> Claimed:
@@ -86,20 +86,21 @@ def claim_committed(operation: Operation) -> Claimed:
     connection = transaction.get_connection(operation.database)
     if connection.get_autocommit():
         token = secrets.token_hex(16)
-        record = _claim_in_one_statement(operation, token)
-        if record is not None:
-            return _settle(operation, record, token)
+        found = _claim_in_one_statement(operation, token)
+        if found is not None:
+            return _settle(operation, found, token)
         with transaction.atomic(using=operation.database):
             return claim(operation, one_statement=False)  # it was just tried
     with transaction.atomic(using=operation.database):
         return claim(operation)
 
 
-def _settle(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
+def _settle(operation: Operation, found: Found, token: str) -> Claimed:
     """What the record found (or inserted) under the key means for this request."""
+    record = found.record
     if record.owner_token == token:
         return _claimed(operation, record, token), None
-    if _expired(record):
+    if found.expired:
         # Its window has passed: the key is new, whatever the old request was ("replace").
         replaced = _reclaim(operation, record, token, candidate_of(operation, token))
         return _claimed(operation, replaced, token, replaced=True), None
@@ -107,37 +108,36 @@ def _settle(operation: Operation, record: IdempotencyRecord, token: str) -> Clai
         signals.key_reused.send(IdempotencyRecord, record=record, operation=operation)
         raise KeyReused()
     if record.status in REPLAYABLE:
-        return None, record
+        return None, found
     if record.status == Status.FAILED_RETRYABLE:  # "retry"
         return _claimed(operation, _reclaim(operation, record, token), token, reclaimed=True), None
-    if _lease_lost(record):
+    if _lease_lost(found):
         return _after_lost_lease(operation, record, token)
-    raise InFlightHere(record)
+    raise InFlightHere(found)
 
 
-def _expired(record: IdempotencyRecord) -> bool:
-    """Its ``expires_at`` has passed, by the database's clock (the store's ``expired``)."""
-    return bool(getattr(record, "expired", False))
-
-
-def _lease_lost(record: IdempotencyRecord) -> bool:
-    """The owner's lease ran out, by the database's clock (``lease_remaining``)."""
-    remaining = getattr(record, "lease_remaining", None)
-    return record.status == Status.PROCESSING and remaining is not None and remaining < timedelta(0)
+def _lease_lost(found: Found) -> bool:
+    """The owner's lease ran out, by the database's clock."""
+    remaining = found.lease_remaining
+    return (
+        found.record.status == Status.PROCESSING
+        and remaining is not None
+        and remaining < timedelta(0)
+    )
 
 
 def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
     """Never re-run blindly: the first attempt may have had its effect. Ask the resolver."""
     _, recovered = recover(record, resolver_for(operation.name, operation.resolver))
     if recovered.status in REPLAYABLE:
-        return None, recovered
+        return None, Found(recovered)
     if recovered.status == Status.FAILED_RETRYABLE:
         retried = _reclaim(operation, recovered, token)
         return _claimed(operation, retried, token, reclaimed=True), None
     return None, operation.store.lock(recovered.pk)
 
 
-def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyRecord | None:
+def _claim_in_one_statement(operation: Operation, token: str) -> Found | None:
     """The new record, or a committed one that can be answered without a lock.
 
     That is a replayable outcome (``SUCCEEDED`` and ``FAILED_FINAL`` never
@@ -147,19 +147,20 @@ def _claim_in_one_statement(operation: Operation, token: str) -> IdempotencyReco
     """
     lease = operation.lease
     with ContentionAnswered(operation):
-        record = operation.store.claim(
+        found = operation.store.claim(
             candidate_of(operation, token),
             lease=lease,
             lock_timeout=operation.lock_wait,
             # Atomic mode: the record starts with a success's expiry (its finish is then in place).
             expires_in=retention_for(operation.name, Status.SUCCEEDED) if lease is None else None,
         )
-    if record is None or record.owner_token == token:
-        return record
-    if _expired(record):
+    if found is None or found.record.owner_token == token:
+        return found
+    if found.expired:
         return None  # replaced on the locked path, under the row's lock
+    record = found.record
     if record.status in REPLAYABLE or record.request_hash != operation.request_hash:
-        return record
+        return found
     return None
 
 
@@ -175,12 +176,12 @@ def candidate_of(operation: Operation, token: str) -> Candidate:
     )
 
 
-def _insert_or_lock(operation: Operation, token: str) -> IdempotencyRecord:
+def _insert_or_lock(operation: Operation, token: str) -> Found:
     candidate = candidate_of(operation, token)
     for _ in range(3):
-        record = operation.store.insert_or_lock(candidate)
-        if record is not None:
-            return record
+        found = operation.store.insert_or_lock(candidate)
+        if found is not None:
+            return found
         # Purged between our insert and our lock: the key is free, insert again.
     raise KeyInUse(retry_after=idempotency_settings.RETRY_AFTER)
 
@@ -248,11 +249,9 @@ _OPERATIONS = 256  # operation names remembered, the least recently finished for
 _SAMPLES = 32  # durations remembered per operation
 
 
-def in_use(
-    operation: Operation, record: IdempotencyRecord, *, unresolved: bool = False
-) -> KeyInUse:
-    """The 409 for a key ``record``'s attempt holds, with when to come back."""
-    remaining: timedelta | None = getattr(record, "lease_remaining", None)
+def in_use(operation: Operation, found: Found, *, unresolved: bool = False) -> KeyInUse:
+    """The 409 for a key ``found``'s attempt holds, with when to come back."""
+    record, remaining = found.record, found.lease_remaining
     if unresolved:
         # The resolver answered "unknown": it is asked again when this pause (the lease) ends.
         pause = remaining.total_seconds() if remaining is not None else 0

@@ -34,10 +34,11 @@ from idempotency.exceptions import (
     DatabaseUnavailable,
     IdempotencyError,
     KeyReused,
+    KeyUnderReview,
     LeaseLost,
     OutcomeUnknown,
 )
-from idempotency.models import IdempotencyRecord, Status
+from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
 from idempotency.outcomes import Outcome
 from idempotency.protocol.claim import (
     CLAIM_RETRIES,
@@ -54,10 +55,9 @@ from idempotency.protocol.claim import (
     waiters,
 )
 from idempotency.protocol.operation import Attempt, Operation
-from idempotency.protocol.states import REPLAYABLE
 from idempotency.settings_checks import validate_settings
 from idempotency.steps import running_attempt
-from idempotency.stores import Candidate
+from idempotency.stores import Candidate, Found
 from idempotency.stores.errors import is_outage
 from idempotency.unmigrated import not_migrated
 
@@ -159,13 +159,13 @@ def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], repl
             if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
                 raise busy(operation) from exc
         except InFlightHere as held:
-            raise in_use(operation, held.record) from None
+            raise _held(operation, held.found) from None
         except LostRace as lost:
             return _replay_winner(operation, replay, lost)
     if ran:
         return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
-    return _replay(operation, result, replay)  # type: ignore[arg-type]
+    return _answer(operation, result, replay)
 
 
 def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> tuple[bool, Any]:
@@ -318,7 +318,7 @@ def _execute_written_once(
 def _insert_finished(attempt: Attempt, new: Candidate, outcome: Outcome) -> bool:
     """The "claim" and the "finish" in one insert: whether it landed."""
     operation = attempt.operation
-    values = _outcome_values(attempt, outcome)
+    values = attempt.columns(outcome)
     window = retention_for(operation.name, outcome.status)
     try:
         with ContentionAnswered(operation):
@@ -408,7 +408,7 @@ def _testing() -> bool:
 def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], replay: Replay[T]) -> T:
     attempt, existing = _claim_or_wait(operation)
     if attempt is None:
-        return _replay(operation, existing, replay)
+        return _answer(operation, existing, replay)
     replay_share.seen(operation.name, replayed=False)
     try:
         value = _work(work, attempt)
@@ -447,10 +447,10 @@ def _claim_or_wait(operation: Operation) -> Claimed:
     try:
         return _claim_committed(operation)
     except InFlightHere as held:
-        record = held.record
+        found = held.found
     connection = transaction.get_connection(operation.database)
-    if operation.wait_for <= 0 or connection.in_atomic_block:
-        raise in_use(operation, record)
+    if operation.wait_for <= 0 or connection.in_atomic_block or _under_review(found):
+        raise _held(operation, found)
     deadline = time.monotonic() + operation.wait_for
     with waiters.admitted() as admitted:
         while admitted and (left := deadline - time.monotonic()) > 0:
@@ -458,8 +458,8 @@ def _claim_or_wait(operation: Operation) -> Claimed:
             try:
                 return _claim_committed(operation)
             except InFlightHere as held:
-                record = held.record
-    raise in_use(operation, record)
+                found = held.found
+    raise _held(operation, found)
 
 
 def _claim_committed(operation: Operation) -> Claimed:
@@ -486,22 +486,11 @@ def _claim_committed(operation: Operation) -> Claimed:
 def _finish(attempt: Attempt, outcome: Outcome) -> None:
     """Store the outcome ("finish"), fenced by the owner token: a lost lease stores nothing."""
     operation = attempt.operation
-    values = _outcome_values(attempt, outcome)
+    values = attempt.columns(outcome)
     window = retention_for(operation.name, outcome.status)
     if not operation.store.finish(attempt.record.pk, attempt.owner_token, values, window):
         raise LeaseLost()
     _recorded(attempt, outcome, values, window)
-
-
-def _outcome_values(attempt: Attempt, outcome: Outcome) -> dict[str, Any]:
-    response = outcome.response
-    return {
-        "status": str(outcome.status),
-        "response_status": response.status if response else None,
-        "response_headers": [list(pair) for pair in response.headers] if response else [],
-        "response_body": response.body if response else None,
-        "resource_id": (outcome.resource_id or attempt.resource_id)[:255],
-    }
 
 
 def _recorded(
@@ -510,9 +499,7 @@ def _recorded(
     """What follows an outcome stored: the replay cache, durations, waiters, the signal."""
     operation = attempt.operation
     if idempotency_settings.REPLAY_CACHE is not None:
-        replay_cache.remember_outcome(
-            operation, attempt.record.pk, outcome, window, values["resource_id"], attempt.started
-        )
+        replay_cache.remember_outcome(operation, attempt.record.pk, values, window, attempt.started)
     if operation.mode == "lease":
         record_duration(operation.name, time.monotonic() - attempt.started)
         _wake_waiters(operation)
@@ -548,22 +535,41 @@ def _wake_waiters(operation: Operation) -> None:
 # --- repeats -------------------------------------------------------------------------------
 
 
+def _answer(operation: Operation, found: Found | None, replay: Replay[T]) -> T:
+    """What the claim found instead of a key to run: a recorded outcome, or no outcome yet."""
+    assert found is not None
+    if found.record.status not in REPLAYABLE:
+        raise _held(operation, found, unresolved=True)  # a lost lease, outcome unknown
+    return _replay(operation, found.record, replay)
+
+
 def _replay(
-    operation: Operation,
-    record: IdempotencyRecord | None,
-    replay: Replay[T],
-    *,
-    from_cache: bool = False,
+    operation: Operation, record: IdempotencyRecord, replay: Replay[T], *, from_cache: bool = False
 ) -> T:
-    assert record is not None
-    if record.status not in REPLAYABLE:
-        raise in_use(operation, record, unresolved=True)  # a lost lease, outcome unknown
+    """Answer ``record``'s outcome (``REPLAYABLE``) without running the work."""
     replay_share.seen(operation.name, replayed=True)
     if not from_cache and idempotency_settings.REPLAY_CACHE is not None:
         replay_cache.remember(operation, record)
     # The ``idempotency`` logger hears this signal too (idempotency/logs.py).
     signals.response_replayed.send(IdempotencyRecord, record=record, operation=operation)
     return replay(record)
+
+
+def _held(operation: Operation, found: Found, *, unresolved: bool = False) -> IdempotencyError:
+    """The answer to a key whose record has no outcome to replay.
+
+    In use while an attempt holds it (or the resolver is asked again once its pause
+    ends); under review once it waits for an operator, which no wait of a client's
+    shortens: a 409 of its own, without ``Retry-After``.
+    """
+    if _under_review(found):
+        signals.key_under_review.send(IdempotencyRecord, record=found.record, operation=operation)
+        return KeyUnderReview()
+    return in_use(operation, found, unresolved=unresolved)
+
+
+def _under_review(found: Found) -> bool:
+    return found.record.status == Status.NEEDS_REVIEW
 
 
 class ReplayShare:

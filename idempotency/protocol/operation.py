@@ -2,7 +2,9 @@
 
 An adapter builds the ``Operation`` complete (scope, key, request hash and the
 per-call options, each falling back to its setting) and hands it to ``execute``;
-the work gets the ``Attempt`` that holds the record.
+the work gets the ``Attempt`` that holds the record. What an attempt's outcome is
+written as, the record's columns, is said once here (``Attempt.columns``,
+``response_columns``), for the finish and for recovery's and operators' moves alike.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
 from idempotency.models import IdempotencyRecord
+from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.resolvers import ResolverSpec
 from idempotency.stores import Store, records_database, store_for
 
@@ -148,6 +151,14 @@ class Attempt:
     resource_id: str = ""
     started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
 
+    def columns(self, outcome: Outcome) -> dict[str, Any]:
+        """The record's columns that hold ``outcome`` (its resource id, else the attempt's)."""
+        return {
+            "status": str(outcome.status),
+            **response_columns(outcome.response),
+            "resource_id": (outcome.resource_id or self.resource_id)[:255],
+        }
+
     def renew(self, seconds: float | None = None) -> None:
         if self.operation.mode != "lease":
             return
@@ -181,3 +192,14 @@ class Attempt:
 def lease_length(operation: Operation, seconds: float | None = None) -> timedelta:
     length = seconds or operation.lease_seconds or idempotency_settings.LEASE_SECONDS
     return timedelta(seconds=length)
+
+
+def response_columns(response: StoredResponse | None) -> dict[str, Any]:
+    """The record's columns that hold ``response``, what repeats are answered with (or none)."""
+    if response is None:
+        return {"response_status": None, "response_headers": [], "response_body": None}
+    return {
+        "response_status": response.status,
+        "response_headers": [list(pair) for pair in response.headers],
+        "response_body": response.body,
+    }

@@ -12,10 +12,11 @@ not allow.
 ``docs/concepts.md`` draws this table and ``model/protocol.pml`` model-checks it;
 tests compare both with it.
 
-Every move made outside an attempt is a conditional UPDATE on the state and version
-the caller saw (optimistic, fenced): if anything changed the record meanwhile, nothing
-is written and ``TransitionNotAllowed`` says so. A new owner token fences off the
-previous owner, whose late finish then lands nowhere.
+Every move made outside an attempt is the store's conditional write on the state and
+version the caller saw (``Store.settle``, ``Store.postpone``: optimistic, fenced): if
+anything changed the record meanwhile, nothing is written and ``TransitionNotAllowed``
+says so. A new owner token fences off the previous owner, whose late finish then lands
+nowhere.
 """
 
 from __future__ import annotations
@@ -24,16 +25,14 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import F, Q
-from django.db.models.functions import Now
-
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import TransitionNotAllowed
-from idempotency.models import IdempotencyRecord, Status
-from idempotency.outcomes import StoredResponse
+from idempotency.models import PURGEABLE, IdempotencyRecord, Status
+from idempotency.outcomes import Recovered, StoredResponse
+from idempotency.protocol.operation import response_columns
 from idempotency.resolvers import Resolution, Resolver, ask
-from idempotency.stores import records_database
+from idempotency.stores import records_database, store_for
 
 ABSENT = "ABSENT"
 
@@ -44,10 +43,6 @@ FAILED_FINAL = Status.FAILED_FINAL.value
 NEEDS_REVIEW = Status.NEEDS_REVIEW.value
 
 STATES = (ABSENT, PROCESSING, SUCCEEDED, FAILED_RETRYABLE, FAILED_FINAL, NEEDS_REVIEW)
-# Outcomes a repeat is answered with; they never change until the record expires.
-REPLAYABLE = frozenset({SUCCEEDED, FAILED_FINAL})
-# What the purge may delete once it has expired: never a record in flight or under review.
-PURGEABLE = frozenset({SUCCEEDED, FAILED_FINAL, FAILED_RETRYABLE})
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,7 @@ MOVES: dict[str, Move] = {
             {PROCESSING},
             {SUCCEEDED, FAILED_RETRYABLE, NEEDS_REVIEW},
             "row lock; lease expired; version; a new owner token fences the old owner",
-            "idempotency.protocol.states.recover",
+            _STORE + "settle",
         ),
         _move(
             "postpone",
@@ -152,7 +147,7 @@ MOVES: dict[str, Move] = {
             {PROCESSING},
             {PROCESSING},
             "row lock; lease expired; version; the owner token is kept",
-            "idempotency.protocol.states.postpone",
+            _STORE + "postpone",
         ),
         _move(
             "resolve",
@@ -160,7 +155,7 @@ MOVES: dict[str, Move] = {
             {PROCESSING, NEEDS_REVIEW},
             {SUCCEEDED, FAILED_RETRYABLE, FAILED_FINAL},
             "version; a PROCESSING record only once its lease expired; a new owner token",
-            "idempotency.protocol.states.transition",
+            _STORE + "settle",
         ),
         _move(
             "purge",
@@ -168,7 +163,7 @@ MOVES: dict[str, Move] = {
             set(PURGEABLE),
             {ABSENT},
             "expires_at passed; skips locked rows",
-            "idempotency.retention.purge",
+            _STORE + "delete_batch",
         ),
     )
 }
@@ -199,17 +194,20 @@ def transition(
     """
     if not allowed(move, record.status, target):
         raise TransitionNotAllowed(f"A {record.status} record cannot become {target}.")
-    guard = Q(pk=record.pk, status=record.status, version=record.version)
-    if record.status == PROCESSING:
-        guard &= Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
-    values = _values(record, target, resource_id, response, recovered=recovery_attempt)
+    columns = {} if response is None else response_columns(response)
+    if resource_id is not None:
+        columns["resource_id"] = resource_id[:255]
     database = records_database(using, record=record)
-    records = IdempotencyRecord.objects.using(database)
-    if not records.filter(guard).update(**values):
-        raise TransitionNotAllowed(
-            "The record changed meanwhile (or its lease is still live); reload it and retry."
-        )
-    moved = records.get(pk=record.pk)
+    moved = store_for(database).settle(
+        record,
+        target,
+        secrets.token_hex(16),
+        expires_in=None if target == NEEDS_REVIEW else retention_for(record.operation, target),
+        columns=columns,
+        recovered=recovery_attempt,
+    )
+    if moved is None:
+        raise _changed()
     # Nothing caches the states a transition leaves; the tombstone keeps it so.
     replay_cache.forget_records([moved], database)
     return moved
@@ -217,38 +215,6 @@ def transition(
 
 def can_transition(record: IdempotencyRecord, target: str, move: str = "resolve") -> bool:
     return allowed(move, record.status, target)
-
-
-def _values(
-    record: IdempotencyRecord,
-    target: Status,
-    resource_id: str | None,
-    response: StoredResponse | None,
-    *,
-    recovered: bool,
-) -> dict[str, object]:
-    window = retention_for(record.operation, target)
-    values: dict[str, object] = {
-        "status": target,
-        "owner_token": secrets.token_hex(16),
-        "lease_until": None,
-        "updated_at": Now(),
-        "version": F("version") + 1,
-        "expires_at": None if window is None or target == NEEDS_REVIEW else Now() + window,
-    }
-    if target in REPLAYABLE:
-        values["completed_at"] = Now()
-    if recovered:
-        values["recovery_attempts"] = F("recovery_attempts") + 1
-    if resource_id is not None:
-        values["resource_id"] = resource_id[:255]
-    if response is not None:
-        values.update(
-            response_status=response.status,
-            response_headers=[list(pair) for pair in response.headers],
-            response_body=response.body,
-        )
-    return values
 
 
 def postpone(
@@ -263,34 +229,22 @@ def postpone(
         raise TransitionNotAllowed(
             f"Only a PROCESSING record can be postponed, not {record.status}."
         )
-    guard = Q(pk=record.pk, status=record.status, version=record.version) & (
-        Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+    store = store_for(records_database(using, record=record))
+    moved = store.postpone(record, timedelta(seconds=seconds))
+    if moved is None:
+        raise _changed()
+    return moved
+
+
+def _changed() -> TransitionNotAllowed:
+    return TransitionNotAllowed(
+        "The record changed meanwhile (or its lease is still live); reload it and retry."
     )
-    records = IdempotencyRecord.objects.using(records_database(using, record=record))
-    updated = records.filter(guard).update(
-        lease_until=Now() + timedelta(seconds=seconds),
-        recovery_attempts=F("recovery_attempts") + 1,
-        updated_at=Now(),
-        version=F("version") + 1,
-    )
-    if not updated:
-        raise TransitionNotAllowed(
-            "The record changed meanwhile (or its lease is still live); reload it and retry."
-        )
-    return records.get(pk=record.pk)
 
 
-class Recovered:
-    """What recovery did to a record: the ``outcome`` of ``signals.record_recovered``."""
-
-    SUCCEEDED = "succeeded"
-    RELEASED = "released"
-    NEEDS_REVIEW = "needs_review"
-    UNKNOWN = "unknown"
-    SKIPPED = "skipped"
-
-
-def recover(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, IdempotencyRecord]:
+def recover(
+    record: IdempotencyRecord, resolver: Resolver | None
+) -> tuple[Recovered, IdempotencyRecord]:
     """Ask ``resolver`` what became of ``record``'s effect and move it by the answer.
 
     ``record`` is a ``PROCESSING`` record whose lease ran out (recovery's move,
@@ -308,7 +262,7 @@ def recover(record: IdempotencyRecord, resolver: Resolver | None) -> tuple[str, 
     return outcome, updated
 
 
-def recovery_outcome(record: IdempotencyRecord, resolution: Resolution | None) -> str:
+def recovery_outcome(record: IdempotencyRecord, resolution: Resolution | None) -> Recovered:
     """What a resolver's answer (``None``: there is no resolver) does to ``record``."""
     if resolution is None:
         if record.status == NEEDS_REVIEW:
@@ -328,7 +282,7 @@ def recovery_outcome(record: IdempotencyRecord, resolution: Resolution | None) -
 
 
 def _recovered(
-    record: IdempotencyRecord, outcome: str, resolution: Resolution | None
+    record: IdempotencyRecord, outcome: Recovered, resolution: Resolution | None
 ) -> IdempotencyRecord:
     # The caller locked ``record`` on the records' database: its writes go there too.
     database = record._state.db

@@ -16,12 +16,20 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord
-from idempotency.stores.base import Candidate, Contention, Store, schema, transaction_pooled
+from idempotency.stores.base import (
+    Candidate,
+    Contention,
+    Found,
+    Store,
+    schema,
+    transaction_pooled,
+)
 from idempotency.stores.generic import GenericStore
 
 __all__ = [
     "Candidate",
     "Contention",
+    "Found",
     "GenericStore",
     "Store",
     "records_database",

@@ -20,7 +20,12 @@ The contract every store keeps:
 - Lease lengths and retention windows are ``timedelta``s added to the
   database's clock, never to this process's.
 - Records a store returns are model instances made by the ORM (a queryset,
-  ``.raw()``, ``Model.from_db`` or ``record_from_db``), bound to ``self.alias``.
+  ``.raw()``, ``Model.from_db`` or ``record_from_db``), bound to ``self.alias``;
+  where the protocol must know what the database's clock says of one (its
+  expiry, its lease), it comes as a ``Found``.
+- The store is the one writer of ``IdempotencyRecord`` and ``IdempotencyStep``:
+  every insert, update and delete of either table is a method here, and a
+  record's steps never outlive it (whichever method deletes or replaces it).
 - Errors are Django's (``django.db.DatabaseError`` and subclasses); a store
   does not turn them into ``KeyInUse``: ``contention`` tells the protocol what
   an error means, and the protocol decides what to answer (it claims again
@@ -35,9 +40,9 @@ one to subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connections
@@ -53,7 +58,16 @@ from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 Contention = Literal["busy", "retry"]
 
 # The stores build records with it (its home is idempotency.compat).
-__all__ = ["Candidate", "Contention", "Store", "pauses", "schema", "transaction_pooled"]
+__all__ = [
+    "Candidate",
+    "Contention",
+    "Found",
+    "Purged",
+    "Store",
+    "pauses",
+    "schema",
+    "transaction_pooled",
+]
 
 
 def schema(alias: str) -> str | None:
@@ -76,6 +90,23 @@ class Purged(NamedTuple):
     deleted: int
     last: Any  # the largest value of the batch's ordering among the deleted rows, or None
     picked: int  # rows the batch chose; deleted can be fewer where rows changed under it
+    # (scope, idem_key) of the deleted rows, when the caller asked for them (a replay cache)
+    keys: tuple[tuple[str, str], ...] = ()
+
+
+class Found(NamedTuple):
+    """A record holding a key, with what the database's clock says of it when it was read.
+
+    ``expired``: the record is finished or retryable (``PURGEABLE``) and its
+    ``expires_at`` has passed, so a claim takes the key as new.
+    ``lease_remaining``: ``lease_until`` minus the database's clock (negative once
+    the lease ran out), or ``None`` where the record holds no lease or the store
+    did not read it (a record the claim inserted: it is this request's own).
+    """
+
+    record: IdempotencyRecord
+    expired: bool = False
+    lease_remaining: timedelta | None = None
 
 
 class Candidate(NamedTuple):
@@ -146,7 +177,7 @@ class Store(ABC):
         lease: timedelta | None,
         lock_timeout: float,
         expires_in: timedelta | None = None,
-    ) -> IdempotencyRecord | None:
+    ) -> Found | None:
         """Insert ``candidate``, or read the committed record holding its key.
 
         ``candidate`` carries a fresh ``owner_token``; with ``lease`` the
@@ -160,7 +191,7 @@ class Store(ABC):
 
         Returns the inserted record (its ``owner_token`` is the candidate's)
         or the committed record holding the key (another token: read, not
-        locked), with ``expired`` set as ``lock`` sets it. Returns ``None``
+        locked, its ``expired`` judged; its lease need not be). Returns ``None``
         when the store has no such statement (``GenericStore``) or the statement
         could not see the record holding the key (one committed after it
         started): the protocol then takes the locked path (``bounded_lock_wait``
@@ -178,28 +209,20 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
+    def insert_or_lock(self, candidate: Candidate) -> Found | None:
         """Insert ``candidate`` unless its key is taken, then lock the row holding the key.
 
         Runs inside a transaction (the protocol opens it). The unique constraint on
         (scope, idem_key) is the arbiter: of concurrent inserts exactly one
         lands; the others wait for it (as bounded by ``bounded_lock_wait``) and
         lock the winner's row. Returns that row, locked until the transaction
-        ends and annotated with ``lease_remaining`` (see ``lock``), or
-        ``None`` when it vanished between the insert and the lock (purged:
-        the protocol may try again).
+        ends, as ``lock`` finds it, or ``None`` when it vanished between the
+        insert and the lock (purged: the protocol may try again).
         """
 
     @abstractmethod
-    def lock(self, pk: int) -> IdempotencyRecord:
-        """The record ``pk``, locked until the transaction ends.
-
-        Annotated with ``lease_remaining``: ``lease_until`` minus the
-        database clock (a ``timedelta``, negative once the lease ran out;
-        ``None`` without a lease), and ``expired``: true when the record is
-        finished or retryable (``PURGEABLE``) and its ``expires_at`` has
-        passed by the database clock (a claim then takes the key as new).
-        """
+    def lock(self, pk: int) -> Found:
+        """The record ``pk``, locked until the transaction ends, its expiry and lease judged."""
 
     @abstractmethod
     def reclaim(
@@ -218,8 +241,9 @@ class Store(ABC):
 
         With ``fresh`` (an expired record: the key is new again) the record
         becomes ``fresh``'s: its request, a first attempt, created now, no
-        outcome. That write is fenced as well: it lands only while the record
-        is still expired by the database clock.
+        outcome, and the earlier request's steps deleted. That write is fenced
+        as well: it lands only while the record is still expired by the
+        database clock.
 
         Returns the record as the write left it (its ``created_at`` and lease
         as they were read: the database's clock set them), or ``None`` if the
@@ -288,7 +312,7 @@ class Store(ABC):
 
     @abstractmethod
     def discard(self, pk: int, token: str) -> bool:
-        """Delete the record: nothing was recorded and the key is free again."""
+        """Delete the record and its steps: nothing was recorded and the key is free again."""
 
     # Duplicates that wait for an in-flight attempt's outcome
 
@@ -318,8 +342,10 @@ class Store(ABC):
     # Purge
 
     @abstractmethod
-    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> Purged:
-        """Delete the rows of ``batch``: purge's next batch, not yet evaluated.
+    def delete_batch(
+        self, batch: IdempotencyRecordQuerySet, ordering: str, *, keys: bool = False
+    ) -> Purged:
+        """Delete the rows of ``batch`` and their steps: purge's next batch, not yet evaluated.
 
         ``batch`` is locked and sliced (``select_for_update(skip_locked=True)``,
         ordered by the field named ``ordering``, at most the batch size), so
@@ -329,5 +355,100 @@ class Store(ABC):
         store does not track it (the next batch then scans from the start
         again, which is only slower), and how many rows the batch chose: fewer
         than its size only when no more were there, so that a row changed
-        under the batch (not deleted) does not end the purge early.
+        under the batch (not deleted) does not end the purge early. With
+        ``keys``, also the deleted rows' (scope, key) pairs (for a replay cache).
+        """
+
+    @abstractmethod
+    def delete_records(self, pks: Sequence[int]) -> int:
+        """Delete the records ``pks`` and their steps, whatever their state: how many went.
+
+        An operator's delete (the admin's). Records and steps go together or not at all.
+        """
+
+    @abstractmethod
+    def delete_orphan_steps(self, limit: int) -> int:
+        """Delete at most ``limit`` steps whose record is gone: how many went.
+
+        Only an earlier release (or a hand-made ``DELETE``) could leave such steps;
+        the purge sweeps them in batches of ``limit`` until a batch comes back short.
+        """
+
+    @abstractmethod
+    def count_orphan_steps(self) -> int:
+        """How many steps have no record (what ``delete_orphan_steps`` would take)."""
+
+    # The moves made outside an attempt: recovery's and an operator's (``protocol.states``)
+
+    @abstractmethod
+    def settle(
+        self,
+        seen: IdempotencyRecord,
+        status: str,
+        token: str,
+        *,
+        expires_in: timedelta | None,
+        columns: dict[str, Any],
+        recovered: bool,
+    ) -> IdempotencyRecord | None:
+        """Move ``seen`` to ``status`` under the new owner ``token``, if nothing moved it since.
+
+        Fenced on the ``status`` and ``version`` it was read with, and a
+        ``PROCESSING`` record only once its lease ran out by the database's clock
+        (a live owner is never overtaken; the new token fences it off). The record
+        holds no lease after it, expires ``expires_in`` from now (``None``: never),
+        is completed now when ``status`` is final (``REPLAYABLE``), gets
+        ``columns`` (an outcome's: ``resource_id``, ``response_*``) and, when
+        ``recovered``, one more recovery attempt; ``version`` goes up by one.
+        Returns the record as written, read back, or ``None`` if the write did not land.
+        """
+
+    @abstractmethod
+    def postpone(self, seen: IdempotencyRecord, lease: timedelta) -> IdempotencyRecord | None:
+        """Leave ``seen`` in flight with its owner, its lease ending ``lease`` from now.
+
+        Recovery's answer to "unknown": one more recovery attempt; fenced as ``settle``.
+        """
+
+    # Calls to other idempotent APIs (``idempotency.steps``): a request's seed, its steps
+
+    @abstractmethod
+    def seed(self, pk: int, token: str | None = None) -> str | None:
+        """The seed of the request record ``pk`` holds now, if one was written.
+
+        With ``token``, only while that owner holds the record in flight (fenced).
+        """
+
+    @abstractmethod
+    def seeded_at(self, pk: int) -> datetime | None:
+        """When the seed of the request record ``pk`` holds now was written, if it was."""
+
+    @abstractmethod
+    def plant_seed(self, pk: int, token: str, seed: str) -> str | None:
+        """Write ``seed`` for the request ``token`` holds, unless it has one: the seed it keeps.
+
+        Opens and commits a transaction of its own, the record locked: a seed must
+        be committed before a key derived from it reaches a provider. ``None`` when
+        ``token`` no longer holds the record in flight.
+        """
+
+    @abstractmethod
+    def recorded_step(self, pk: int, step_key: str) -> str | None:
+        """The result (JSON text) recorded for ``step_key`` under record ``pk``, or ``None``."""
+
+    @abstractmethod
+    def record_step(
+        self,
+        pk: int,
+        token: str,
+        *,
+        name: str,
+        position: int | None,
+        step_key: str,
+        result: str,
+    ) -> bool:
+        """Record a step's ``result`` while ``token`` holds the record in flight.
+
+        In a transaction of its own, the record locked. A step recorded already
+        keeps its first result. ``False`` when ``token`` no longer holds the record.
         """

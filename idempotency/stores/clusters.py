@@ -4,7 +4,7 @@ A guarantee of the app is a guarantee of the database under it: a PostgreSQL
 primary that acknowledges a commit before a standby has it can lose it in a
 failover, and a Galera node holds its row locks (and the MySQL store's
 ``GET_LOCK`` turn) for itself only. The checks (``idempotency.checks``, ids
-``W009`` and ``W010``) ask the database what it is; docs/high-availability.md
+``W011`` and ``W012``) ask the database what it is; docs/high-availability.md
 says what each answer means.
 """
 

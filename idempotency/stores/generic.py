@@ -9,13 +9,23 @@ connection's ``timeout`` gets "database is locked": that is the bounded wait.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError
-from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import (
+    BooleanField,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+)
 from django.db.models.functions import Now
 
 from idempotency.models import (
@@ -23,9 +33,11 @@ from idempotency.models import (
     REPLAYABLE,
     IdempotencyRecord,
     IdempotencyRecordQuerySet,
+    IdempotencyStep,
     Status,
 )
-from idempotency.stores.base import Candidate, Contention, Purged, Store, pauses
+from idempotency.stores.base import Candidate, Contention, Found, Purged, Store, pauses
+from idempotency.stores.step_cascade import cascades
 
 # SQLite's answer to a writer that waited out the connection's timeout.
 _SQLITE_BUSY = ("database is locked", "database table is locked")
@@ -44,7 +56,7 @@ class GenericStore(Store):
         lease: timedelta | None,
         lock_timeout: float,
         expires_in: timedelta | None = None,
-    ) -> IdempotencyRecord | None:
+    ) -> Found | None:
         return None  # no one-statement claim in the ORM: the locked path is the claim
 
     def unsaved(self, candidate: Candidate) -> IdempotencyRecord:
@@ -65,12 +77,12 @@ class GenericStore(Store):
         found = found.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))[:1]
         return next(iter(found), None)
 
-    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
+    def insert_or_lock(self, candidate: Candidate) -> Found | None:
         self.records().bulk_create([self.unsaved(candidate)], ignore_conflicts=True)
-        return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
+        return self.holding(candidate)
 
-    def lock(self, pk: int) -> IdempotencyRecord:
-        return self.locked().get(pk=pk)
+    def lock(self, pk: int) -> Found:
+        return found(self.locked().get(pk=pk))
 
     def reclaim(
         self,
@@ -97,6 +109,9 @@ class GenericStore(Store):
         )
         if not landed:
             return None
+        if fresh is not None:
+            # The earlier request's steps: its seed and results are not the new request's.
+            self.steps().filter(record_id=record.pk).delete()
         # The row as written, without reading it back: the values that are plain
         # (the database's clock set the rest; they are kept as read).
         record.owner_token, record.status = token, Status.PROCESSING
@@ -165,8 +180,146 @@ class GenericStore(Store):
         )
 
     def discard(self, pk: int, token: str) -> bool:
-        deleted, _ = self.owned(pk, token).delete()
+        if cascades(self.connection):
+            deleted, _ = self.owned(pk, token).delete()
+            return bool(deleted)
+        with transaction.atomic(using=self.alias):
+            deleted, _ = self.owned(pk, token).delete()
+            if deleted:
+                self.steps().filter(record_id=pk).delete()
         return bool(deleted)
+
+    def delete_records(self, pks: Sequence[int]) -> int:
+        with transaction.atomic(using=self.alias):
+            deleted, _ = self.records().filter(pk__in=pks).delete()
+            if not cascades(self.connection):
+                self.steps().filter(record_id__in=pks).delete()
+        return deleted
+
+    def delete_orphan_steps(self, limit: int) -> int:
+        # Chosen first, then deleted by primary key: MySQL and MariaDB take no LIMIT
+        # in an IN subquery. A step whose record is gone never gets one back.
+        pks = list(self.orphan_steps().order_by("pk").values_list("pk", flat=True)[:limit])
+        if not pks:
+            return 0
+        deleted, _ = self.steps().filter(pk__in=pks).delete()
+        return deleted
+
+    def count_orphan_steps(self) -> int:
+        return self.orphan_steps().count()
+
+    # Recovery's and an operator's moves
+
+    def settle(
+        self,
+        seen: IdempotencyRecord,
+        status: str,
+        token: str,
+        *,
+        expires_in: timedelta | None,
+        columns: dict[str, Any],
+        recovered: bool,
+    ) -> IdempotencyRecord | None:
+        values: dict[str, Any] = {
+            **columns,
+            "status": status,
+            "owner_token": token,
+            "lease_until": None,
+            "expires_at": _expiry(expires_in),
+        }
+        if status in REPLAYABLE:
+            values["completed_at"] = Now()
+        if recovered:
+            values["recovery_attempts"] = F("recovery_attempts") + 1
+        return self._moved(seen, values)
+
+    def postpone(self, seen: IdempotencyRecord, lease: timedelta) -> IdempotencyRecord | None:
+        return self._moved(
+            seen,
+            {
+                "lease_until": Now() + Value(lease),
+                "recovery_attempts": F("recovery_attempts") + 1,
+            },
+        )
+
+    def _moved(self, seen: IdempotencyRecord, values: dict[str, Any]) -> IdempotencyRecord | None:
+        guard = Q(pk=seen.pk, status=seen.status, version=seen.version)
+        if seen.status == Status.PROCESSING:
+            guard &= Q(lease_until__lt=Now()) | Q(lease_until__isnull=True)
+        records = self.records()
+        if not records.filter(guard).update(**values, updated_at=Now(), version=F("version") + 1):
+            return None
+        return records.get(pk=seen.pk)
+
+    # Steps
+
+    def seed(self, pk: int, token: str | None = None) -> str | None:
+        seeds = self.current_seed(pk)
+        if token is not None:
+            seeds = seeds.filter(record__owner_token=token, record__status=Status.PROCESSING)
+        return seeds.values_list("seed", flat=True).first()
+
+    def seeded_at(self, pk: int) -> datetime | None:
+        return self.current_seed(pk).values_list("created_at", flat=True).first()
+
+    def current_seed(self, pk: int) -> QuerySet[IdempotencyStep]:
+        """The seed row of the request record ``pk`` holds now (its ``created_at``)."""
+        return self.steps().filter(
+            record_id=pk, step_key="", request_started=F("record__created_at")
+        )
+
+    def plant_seed(self, pk: int, token: str, seed: str) -> str | None:
+        with transaction.atomic(using=self.alias):
+            started = self._request_started(pk, token)
+            if started is None:
+                return None
+            rows = self.steps().filter(record_id=pk)
+            kept = rows.filter(step_key="", request_started=started)
+            planted = kept.values_list("seed", flat=True).first()
+            if planted is not None:
+                return planted
+            # Rows under this record that no replacement deleted (written by an earlier
+            # release, which kept them until this point): not this request's.
+            rows.delete()
+            self.steps().create(record_id=pk, request_started=started, seed=seed)
+        return seed
+
+    def recorded_step(self, pk: int, step_key: str) -> str | None:
+        rows = self.steps().filter(record_id=pk, step_key=step_key)
+        return rows.values_list("result", flat=True).first()
+
+    def record_step(
+        self,
+        pk: int,
+        token: str,
+        *,
+        name: str,
+        position: int | None,
+        step_key: str,
+        result: str,
+    ) -> bool:
+        with transaction.atomic(using=self.alias):
+            started = self._request_started(pk, token)
+            if started is None:
+                return False
+            try:
+                with transaction.atomic(using=self.alias):
+                    self.steps().create(
+                        record_id=pk,
+                        request_started=started,
+                        name=name,
+                        position=position,
+                        step_key=step_key,
+                        result=result,
+                    )
+            except IntegrityError:
+                pass  # recorded already by this attempt (a step taken twice): the first stays
+        return True
+
+    def _request_started(self, pk: int, token: str) -> Any:
+        """The ``created_at`` of the request ``token`` holds in flight, its record locked."""
+        owned = self.owned(pk, token).select_for_update()
+        return owned.values_list("created_at", flat=True).first()
 
     def wait_for_outcome(self, scope: str, key: str, seconds: float) -> None:
         """Poll: one indexed read after 50 ms, 100 ms, 200 ms... then one a second at most."""
@@ -182,21 +335,25 @@ class GenericStore(Store):
     def notify_waiters(self, scope: str, key: str) -> None:
         pass  # nobody can hear it: waiting requests poll
 
-    def delete_batch(self, batch: IdempotencyRecordQuerySet, ordering: str) -> Purged:
-        if self.connection.features.allow_sliced_subqueries_with_in:
-            # One statement: what it chose is what it deleted.
+    def delete_batch(
+        self, batch: IdempotencyRecordQuerySet, ordering: str, *, keys: bool = False
+    ) -> Purged:
+        one_statement = self.connection.features.allow_sliced_subqueries_with_in
+        if one_statement and cascades(self.connection) and not keys:
+            # One statement: what it chose is what it deleted (the database deletes the steps).
             deleted, _ = self.records().filter(pk__in=batch.values("pk")).delete()
             return Purged(deleted, None, deleted)
         # MySQL and MariaDB take no LIMIT in an IN subquery: lock the batch's rows
         # first (skipping held ones), then delete them by primary key. Measured on
         # MariaDB 10.11 this beat DELETE ... ORDER BY expires_at LIMIT n (which would
         # wait on a held row, too) and one unbatched DELETE (docs/retention.md).
-        rows = list(batch.values_list("pk", ordering))
+        rows = list(batch.values_list("pk", ordering, "scope", "idem_key"))
         if not rows:
             return Purged(0, None, 0)
-        deleted, _ = self.records().filter(pk__in=[pk for pk, _ in rows]).delete()
+        deleted = self.delete_records([row[0] for row in rows])
+        pairs = tuple((row[2], row[3]) for row in rows) if keys else ()
         # The batch is in purge order: the last is the largest.
-        return Purged(deleted, rows[-1][1], len(rows))
+        return Purged(deleted, rows[-1][1], len(rows), pairs)
 
     def in_flight(self, scope: str, key: str) -> bool:
         """A live attempt holds the key: ``PROCESSING``, its lease not run out."""
@@ -212,6 +369,19 @@ class GenericStore(Store):
     def records(self) -> IdempotencyRecordQuerySet:
         return IdempotencyRecord.objects.using(self.alias)
 
+    def steps(self) -> QuerySet[IdempotencyStep]:
+        return IdempotencyStep.objects.using(self.alias)
+
+    def orphan_steps(self) -> QuerySet[IdempotencyStep]:
+        """Steps whose record is gone."""
+        return self.steps().filter(~Exists(self.records().filter(pk=OuterRef("record_id"))))
+
+    def holding(self, candidate: Candidate) -> Found | None:
+        """The row holding ``candidate``'s key, locked, or ``None``."""
+        records = self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key)
+        record = records.first()
+        return None if record is None else found(record)
+
     def owned(self, pk: int, token: str) -> IdempotencyRecordQuerySet:
         """The record, only while ``token`` still holds it (fencing)."""
         return self.records().filter(pk=pk, owner_token=token, status=Status.PROCESSING)
@@ -222,12 +392,25 @@ class GenericStore(Store):
             self.records()
             .select_for_update()
             .annotate(
-                lease_remaining=ExpressionWrapper(
-                    F("lease_until") - Now(), output_field=DurationField()
-                ),
-                expired=ExpressionWrapper(expired_at_now(), output_field=BooleanField()),
+                **{
+                    _LEASE_REMAINING: ExpressionWrapper(
+                        F("lease_until") - Now(), output_field=DurationField()
+                    ),
+                    _EXPIRED: ExpressionWrapper(expired_at_now(), output_field=BooleanField()),
+                }
             )
         )
+
+
+# What ``locked`` reads of the database's clock, taken off each record by ``found``.
+_LEASE_REMAINING = "idempotency_lease_remaining"
+_EXPIRED = "idempotency_expired"
+
+
+def found(record: IdempotencyRecord) -> Found:
+    """A record ``locked`` read, with what the database's clock said of it."""
+    judged = record.__dict__
+    return Found(record, bool(judged.pop(_EXPIRED)), judged.pop(_LEASE_REMAINING))
 
 
 def expired_at_now() -> Q:

@@ -38,7 +38,7 @@ from typing import Any
 from django.db import DatabaseError, OperationalError
 
 from idempotency.models import IdempotencyRecord
-from idempotency.stores.base import Candidate, Contention
+from idempotency.stores.base import Candidate, Contention, Found
 from idempotency.stores.generic import GenericStore
 
 # Server error codes: the lock wait ran past innodb_lock_wait_timeout (or NOWAIT
@@ -56,17 +56,17 @@ _CAUSAL_UNDONE = ", SESSION wsrep_sync_wait = @idempotency_sync_wait"
 
 
 class MySQLStore(GenericStore):
-    def insert_or_lock(self, candidate: Candidate) -> IdempotencyRecord | None:
+    def insert_or_lock(self, candidate: Candidate) -> Found | None:
         # A duplicate of a key already held queues on the row with a record lock
         # only (READ COMMITTED locks no gap for an equality read of a unique key).
-        held = self._holding(candidate)
+        held = self.holding(candidate)
         if held is not None:
             return held
         # The key looks free: first requests take turns to insert it. Two inserts of
         # one key would make the second wait in InnoDB's duplicate check, which holds
         # a gap lock; when the first rolls back, such waiters deadlock on each other.
         with self._turn_to_insert(candidate):
-            held = self._holding(candidate)
+            held = self.holding(candidate)
             if held is not None:
                 return held
             record = self.unsaved(candidate)
@@ -76,11 +76,7 @@ class MySQLStore(GenericStore):
             ]
             with self.connection.cursor() as cursor:
                 cursor.execute(self._insert_sql, params)
-            return self._holding(candidate)
-
-    def _holding(self, candidate: Candidate) -> IdempotencyRecord | None:
-        """The row holding ``candidate``'s key, locked, or ``None``."""
-        return self.locked().filter(scope=candidate.scope, idem_key=candidate.idem_key).first()
+            return self.holding(candidate)
 
     @contextmanager
     def _turn_to_insert(self, candidate: Candidate) -> Iterator[None]:

@@ -6,15 +6,26 @@ The database, not the ORM, deletes the steps: an ORM cascade would add a query t
 every discard. PostgreSQL has neither: its foreign key checks every deleted record
 on its own (measured: the purge took four times as long, steps or none), so the
 PostgreSQL store deletes a record's steps in the statement that deletes the record
-(the purge's batch, the discard), and the admin deletes them with it.
-Both functions take the migration's ``apps`` (or the app registry) and a schema editor.
+(the purge's batch, the discard, an operator's delete). Any other database has
+neither, and its store deletes the steps beside the record, in one transaction.
+``add_cascade`` and ``drop_cascade`` take the migration's ``apps`` (or the app
+registry) and a schema editor.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+# The vendors whose schema deletes a record's steps with it (``add_cascade``).
+CASCADING_VENDORS = frozenset({"sqlite", "mysql"})
+
+
+def cascades(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection``'s database deletes a record's steps when the record goes."""
+    return connection.vendor in CASCADING_VENDORS
 
 
 def _tables(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> tuple[str, str]:

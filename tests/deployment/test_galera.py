@@ -325,4 +325,4 @@ def test_a_replay_on_a_node_that_has_not_applied_the_record_answers_it(
 
 def test_check_database_warns_that_several_nodes_may_take_the_writes(cluster: dict[str, Any]):
     said = checked({**cluster["env"], "DATABASE_URL": on(cluster["urls"][1])})
-    assert "idempotency.W010" in said and "Galera cluster of 3 nodes" in said, said
+    assert "idempotency.W012" in said and "Galera cluster of 3 nodes" in said, said

@@ -334,7 +334,7 @@ def test_synchronous_strict_a_killed_primary_loses_no_acknowledged_outcome(
 ) -> None:
     (synchronous,) = query("SHOW synchronous_standby_names")[0]
     assert synchronous, "the cluster should replicate synchronously (synchronous_mode_strict)"
-    assert "idempotency.W009" not in checked(example_env)
+    assert "idempotency.W011" not in checked(example_env)
     failover, times = fail_over(served)
     counted = tally(failover)
     wrong = retry_every_key(failover)
@@ -364,7 +364,7 @@ def test_asynchronous_a_killed_primary_may_lose_what_it_acknowledged(
     wait_for("asynchronous", lambda: query("SHOW synchronous_standby_names")[0][0] == "", 30)
     # The example project's reports run in lease mode: the check says what may be lost.
     said = checked(example_env)
-    assert "idempotency.W009" in said and "none synchronous" in said, said
+    assert "idempotency.W011" in said and "none synchronous" in said, said
     failover, times = fail_over(served)
     counted = tally(failover)
     wrong = retry_every_key(failover)

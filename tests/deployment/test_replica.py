@@ -232,5 +232,5 @@ def test_lease_mode_on_this_asynchronous_primary_is_warned_by_check_database():
 
     # The standby streams asynchronously: a failover to it could lose acknowledged commits.
     with override_settings(IDEMPOTENCY={"MODE": "lease"}):
-        (warning,) = [m for m in check_database(databases=[PRIMARY]) if m.id.endswith("W009")]
+        (warning,) = [m for m in check_database(databases=[PRIMARY]) if m.id.endswith("W011")]
     assert "streaming to 1 standby, none synchronous" in warning.msg

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency import KeyInUse, KeyReused, resolvers
+from idempotency import KeyInUse, KeyReused, KeyUnderReview, resolvers, signals
 from idempotency.celery import IdempotentTask
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.outcomes import StoredResponse
@@ -95,6 +95,33 @@ def test_a_key_in_use_is_retried_at_most_max_retries_times():
 
 
 @pytest.mark.django_db
+def test_a_key_under_review_fails_once_without_retrying():
+    owner = UserFactory()
+    kwargs = {"ref": "o-5", "owner_id": owner.pk, "quantity": 1}
+    IdempotencyRecordFactory(
+        needs_review=True,  # a lost lease no resolver could settle: an operator's to decide
+        scope=place_order.name,
+        operation=place_order.name,
+        idem_key="o-5",
+        request_hash=place_order._idempotency.request_hash((), kwargs),
+    )
+    answers: list[object] = []
+
+    def heard(sender: object, **kwargs: object) -> None:
+        answers.append(kwargs["record"])
+
+    signals.key_under_review.connect(heard)
+    try:
+        result = place_order.apply(kwargs=kwargs)  # eager: a retry would run at once
+    finally:
+        signals.key_under_review.disconnect(heard)
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, KeyUnderReview)
+    assert len(answers) == 1  # asked once: max_retries (10) would have asked eleven times
+    assert not Order.objects.exists()
+
+
+@pytest.mark.django_db
 def test_the_docs_example_keys_positional_and_keyword_calls_alike():
     first = capture_payment.apply(("ORD-1", "19.90")).get()
     again = capture_payment.apply(kwargs={"order_ref": "ORD-1", "amount": "19.90", "sent_at": "t"})
@@ -159,12 +186,12 @@ def test_a_bound_tasks_idempotency_is_its_running_attempt():
         whose_attempt.idempotency  # noqa: B018 - outside a run there is no attempt
 
 
-def test_expected_failures_keep_the_reused_key():
+def test_expected_failures_keep_the_reused_key_and_the_review():
     class Strict(IdempotentTask):
         throws = (LookupError,)
 
-    assert Strict.throws == (LookupError, KeyReused)
-    assert IdempotentTask.throws == (KeyReused,)
+    assert Strict.throws == (LookupError, KeyReused, KeyUnderReview)
+    assert IdempotentTask.throws == (KeyReused, KeyUnderReview)
 
 
 def test_a_base_whose_call_would_shadow_ours_is_refused():
@@ -386,7 +413,7 @@ def test_a_worker_killed_after_the_charge_charges_once(
     _kill_after_charge(worker, tmp_path, provider, "order-1", recorded=recorded)
     _the_lease_ends()
     if released_by == "recovery":
-        # The task's resolver (run_again): the record is released for a retry.
+        # The task's resolver (effects_carry_step_keys): the record is released for a retry.
         assert recover_expired().released == 1
         assert IdempotencyRecord.objects.get().status == Status.FAILED_RETRYABLE
     # Otherwise the retry itself finds the lease run out, asks the same resolver in the

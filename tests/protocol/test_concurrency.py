@@ -5,25 +5,23 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord, Status
 from tests.support.factories import UserFactory
+from tests.support.threads import JOIN_TIMEOUT, Call, run_in_threads
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 THREADS = 24
-JOIN_TIMEOUT = 30.0
 ORDER = {"sku": "book", "quantity": 1}
 create_order = OrderViewSet.as_view({"post": "create"})
 
@@ -48,57 +46,6 @@ def post_order(user: Any, key: str, data: dict[str, Any] = ORDER, query: str = "
     if hasattr(response, "render"):
         response.render()
     return Answer(response.status_code, response.content, dict(response.items()))
-
-
-def run_in_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
-    """Start ``count`` threads together; each returns its result or the exception it raised."""
-    barrier = threading.Barrier(count, timeout=JOIN_TIMEOUT)
-    results: list[Any] = [None] * count
-
-    def runner(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = target(index)
-        except BaseException as exc:  # reported by the test, not lost in the thread
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=runner, args=(i,), daemon=True) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(JOIN_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "a request hung"
-    errors = [result for result in results if isinstance(result, BaseException)]
-    assert not errors, errors
-    return results
-
-
-class Background(threading.Thread):
-    """One request in its own thread and connection, for the in-flight scenarios."""
-
-    def __init__(self, call: Callable[[], Answer]) -> None:
-        super().__init__(daemon=True)
-        self.call = call
-        self.answer: Answer | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.answer = self.call()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            connection.close()
-
-    def result(self) -> Answer:
-        self.join(JOIN_TIMEOUT)
-        assert not self.is_alive(), "the first request hung"
-        if self.error is not None:
-            raise self.error
-        assert self.answer is not None
-        return self.answer
 
 
 class Claimed:
@@ -192,10 +139,10 @@ def test_in_flight_duplicate_gets_409_instead_of_waiting(user):
         override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 0.3, "RETRY_AFTER": 2}),
         Claimed() as claimed,
     ):
-        first = Background(lambda: post_order(user, "slow", query=query))
+        first = Call(lambda: post_order(user, "slow", query=query))
         first.start()
         assert claimed.wait(JOIN_TIMEOUT), "the first request never claimed its key"
-        duplicate = Background(lambda: post_order(user, "slow", query=query))
+        duplicate = Call(lambda: post_order(user, "slow", query=query))
         duplicate.start()
         answer = duplicate.result()
         first_still_running = first.is_alive()
@@ -215,7 +162,7 @@ def test_in_flight_duplicate_in_lease_mode_gets_409_with_the_lease(user):
     query = "?sleep=2"
     settings = {"MODE": "lease", "LEASE_SECONDS": 30}
     with override_settings(IDEMPOTENCY=settings), Claimed() as claimed:
-        first = Background(lambda: post_order(user, "leased", query=query))
+        first = Call(lambda: post_order(user, "leased", query=query))
         first.start()
         assert claimed.wait(JOIN_TIMEOUT)
         answer = post_order(user, "leased", query=query)
@@ -230,7 +177,7 @@ def test_in_flight_duplicate_in_lease_mode_gets_409_with_the_lease(user):
 
 
 def test_business_writes_and_record_roll_back_together(user):
-    failing = Background(lambda: post_order(user, "fails", query="?fail=1"))
+    failing = Call(lambda: post_order(user, "fails", query="?fail=1"))
     failing.start()
     with pytest.raises(RuntimeError, match="business failure"):
         failing.result()

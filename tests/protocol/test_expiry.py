@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from idempotency import signals
 from idempotency.models import IdempotencyRecord, Status
-from tests.protocol.test_concurrency import ORDER, Answer, post_order, run_in_threads
+from tests.protocol.test_concurrency import ORDER, Answer, post_order
 from tests.support.factories import UserFactory
+from tests.support.threads import run_in_threads
 from tests.testapp.models import Order
 
 THREADS = 12

@@ -27,19 +27,17 @@ from idempotency.exceptions import KeyInUse
 from idempotency.http import IdempotencyOptions, build_operation
 from idempotency.ninja import idempotent as ninja_idempotent
 from tests.protocol.test_concurrency import (
-    JOIN_TIMEOUT,
     ORDER,
     THREADS,
     Answer,
-    Background,
     Claimed,
     create_order,
     post_order,
-    run_in_threads,
 )
 from tests.support.example_server import Server, example_project, gunicorn, orders_held
 from tests.support.factories import UserFactory
 from tests.support.servers import Reply
+from tests.support.threads import JOIN_TIMEOUT, Call, run_in_threads
 from tests.testapp.models import Order
 from tests.testapp.views import OrderViewSet
 
@@ -87,11 +85,11 @@ def duplicate_of_a_running_first(
     Returns the duplicate's answer, how long it took, and the first's answer.
     """
     with Claimed() as claimed:
-        first = Background(lambda: send(user, "k", view, FIRST_RUNS))
+        first = Call(lambda: send(user, "k", view, FIRST_RUNS))
         first.start()
         assert claimed.wait(JOIN_TIMEOUT), "the first request never claimed its key"
         started = time.monotonic()
-        duplicate = Background(lambda: send(user, "k", view, FIRST_RUNS))
+        duplicate = Call(lambda: send(user, "k", view, FIRST_RUNS))
         duplicate.start()
         answer = duplicate.result()
         seconds = time.monotonic() - started

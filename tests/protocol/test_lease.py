@@ -17,7 +17,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from idempotency import signals
-from idempotency.exceptions import KeyInUse, LeaseLost
+from idempotency.exceptions import KeyInUse, KeyUnderReview, LeaseLost
 from idempotency.fingerprint import fingerprint
 from idempotency.functions import idempotent_function
 from idempotency.models import IdempotencyRecord, Status
@@ -241,9 +241,13 @@ class TestLostLeaseInCore:
     def test_repeated_unknown_answers_lead_to_review(self, op):
         op = replace(op, resolver=unknown_resolver)
         self.run(op)
-        for expected in (Status.PROCESSING, Status.NEEDS_REVIEW):
+        # Asked again once the pause ends (in use), then handed to an operator (under review).
+        for expected, answer in (
+            (Status.PROCESSING, KeyInUse),
+            (Status.NEEDS_REVIEW, KeyUnderReview),
+        ):
             self.lose_lease(op)
-            with pytest.raises(KeyInUse):
+            with pytest.raises(answer):
                 self.run(op)
             assert record(op.key).status == expected
         assert record(op.key).recovery_attempts == 2
@@ -251,9 +255,11 @@ class TestLostLeaseInCore:
     def test_without_a_resolver_the_record_waits_for_review(self, op):
         self.run(op)
         self.lose_lease(op)
-        with pytest.raises(KeyInUse):
+        with pytest.raises(KeyUnderReview):
             self.run(op)
         assert record(op.key).status == Status.NEEDS_REVIEW
+        with pytest.raises(KeyUnderReview):  # every retry, until an operator has settled it
+            self.run(op)
 
     @override_settings(IDEMPOTENCY={"RELEASE_EXPIRED_WITHOUT_RESOLVER": True})
     def test_without_a_resolver_release_when_the_operator_allows_it(self, op):

@@ -10,7 +10,7 @@ import pytest
 from django.dispatch import Signal
 
 from idempotency import signals
-from idempotency.exceptions import KeyInUse, KeyReused
+from idempotency.exceptions import KeyInUse, KeyReused, KeyUnderReview
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
@@ -222,3 +222,16 @@ def test_logger_logs_conflicts_recovery_and_purge(caplog, settings):
     assert recovered.outcome == "needs_review" and recovered.levelno == logging.WARNING
     assert recovered.operation == "no.resolver"
     assert logged["idempotency.purged"].count == 0
+
+
+def test_logger_warns_of_a_client_waiting_on_a_review(caplog):
+    caplog.set_level(logging.INFO, logger="idempotency")
+    IdempotencyRecordFactory(
+        needs_review=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+    )
+    with pytest.raises(KeyUnderReview):
+        run(operation("lease"))
+    reviewed = events(caplog)["idempotency.under_review"]
+    assert reviewed.levelno == logging.WARNING
+    assert reviewed.scope == "user:1:orders.create"
+    assert "idempotency.in_use" not in events(caplog)

@@ -69,6 +69,7 @@ from idempotency import (
     recover_expired,
 )
 from tests.support.factories import UserFactory
+from tests.support.threads import JOIN_TIMEOUT, Call, in_thread
 from tests.testapp.models import Order
 
 # On the server databases only: the races, the killed connections and the database's
@@ -81,7 +82,6 @@ ATOMIC, LEASE = "tests.stateful.atomic", "tests.stateful.lease"
 KEYS = ("a0", "a1", "w0", "l0", "l1")
 # Purge takes only what these say has expired, and the test moves that by hand.
 FINISHED = (Status.SUCCEEDED, Status.FAILED_FINAL, Status.FAILED_RETRYABLE)
-JOIN_TIMEOUT = 30.0
 JSON = [("Content-Type", "application/json")]
 # The business user every Order belongs to (set by the test before the machine runs).
 OWNER: dict[str, int] = {}
@@ -230,37 +230,6 @@ def kill_connection_of_this_thread() -> None:
         side.close()
 
 
-class Thread(threading.Thread):
-    """One request on its own connection, closed when the thread ends."""
-
-    def __init__(self, target: Callable[[], Any], barrier: threading.Barrier | None = None):
-        super().__init__(daemon=True)
-        self.target, self.barrier = target, barrier
-        self.answer: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            if self.barrier is not None:
-                self.barrier.wait()
-            self.answer = self.target()
-        except BaseException as exc:  # the rule judges it, not the thread
-            self.error = exc
-        finally:
-            connection.close()
-
-    def done(self) -> Thread:
-        self.join(JOIN_TIMEOUT)
-        assert not self.is_alive(), "a request hung"
-        return self
-
-
-def in_thread(target: Callable[[], Any]) -> Thread:
-    thread = Thread(target)
-    thread.start()
-    return thread.done()
-
-
 keys = st.sampled_from(KEYS)
 lease_keys = st.sampled_from([key for key in KEYS if mode_of(key) == "lease"])
 quantities = st.integers(min_value=1, max_value=3)
@@ -282,7 +251,7 @@ class StatefulProtocol(RuleBasedStateMachine):
         """``count`` copies of the request, released together, each on its connection."""
         barrier = threading.Barrier(count, timeout=JOIN_TIMEOUT)
         quantity = self.payload[key]
-        threads = [Thread(lambda: call(key, quantity), barrier) for _ in range(count)]
+        threads = [Call(lambda: call(key, quantity), barrier) for _ in range(count)]
         for thread in threads:
             thread.start()
         answers = []
@@ -301,7 +270,7 @@ class StatefulProtocol(RuleBasedStateMachine):
     @rule(key=keys)
     def retry(self, key: str) -> None:
         """The same request again, alone (a client retrying after a lost response)."""
-        thread = in_thread(lambda: call(key, self.payload[key]))
+        thread = in_thread(lambda: call(key, self.payload[key])).done()
         if thread.error is not None:
             assert isinstance(thread.error, KeyInUse), repr(thread.error)
         else:
@@ -313,7 +282,7 @@ class StatefulProtocol(RuleBasedStateMachine):
         if not live(key):
             return  # no record holds the key: it would be a new request, not a reuse
         before = snapshot(key)
-        thread = in_thread(lambda: call(key, other))
+        thread = in_thread(lambda: call(key, other)).done()
         assert isinstance(thread.error, KeyReused), repr(thread.error or thread.answer)
         SEEN["key reused"] += 1
         assert snapshot(key) == before
@@ -334,7 +303,7 @@ class StatefulProtocol(RuleBasedStateMachine):
             if at == stage:
                 kill_connection_of_this_thread()
 
-        thread = in_thread(lambda: call(key, self.payload[key], hook))
+        thread = in_thread(lambda: call(key, self.payload[key], hook)).done()
         outcome = "answered" if thread.error is None else type(thread.error).__name__
         SEEN[f"terminated at {stage} ({mode_of(key)}): {outcome}"] += 1
         if thread.error is None:
@@ -353,7 +322,7 @@ class StatefulProtocol(RuleBasedStateMachine):
             if at == "effect":
                 raise WorkerKilled()
 
-        thread = in_thread(lambda: call(key, self.payload[key], hook))
+        thread = in_thread(lambda: call(key, self.payload[key], hook)).done()
         if thread.error is None:
             self.check_answers(key, [thread.answer])
         else:
@@ -388,7 +357,7 @@ class StatefulProtocol(RuleBasedStateMachine):
                 second_claimed.set()
                 assert second_go.wait(JOIN_TIMEOUT)
 
-        stale = Thread(lambda: call(key, quantity, first, once=True))
+        stale = Call(lambda: call(key, quantity, first, once=True))
         stale.start()
         if not wait_for(first_claimed, stale):
             # It did not claim (a replay, or a key in use): an ordinary request, then.
@@ -403,7 +372,7 @@ class StatefulProtocol(RuleBasedStateMachine):
         if recovery_first:
             report = recover_expired()
             assert report.released == 1, report.as_dict()
-        newer = Thread(lambda: call(key, quantity, second, once=True))
+        newer = Call(lambda: call(key, quantity, second, once=True))
         newer.start()
         try:
             assert wait_for(second_claimed, newer), repr(newer.done().error)
@@ -420,7 +389,7 @@ class StatefulProtocol(RuleBasedStateMachine):
         assert (record.status, record.owner_token) == (Status.SUCCEEDED, tokens["second"])
         SEEN[f"takeover: stale {'renewal' if renews else 'finish'} fenced"] += 1
 
-    def settle_lone(self, key: str, thread: Thread) -> None:
+    def settle_lone(self, key: str, thread: Call) -> None:
         if thread.error is None:
             self.check_answers(key, [thread.answer])
         else:
@@ -538,7 +507,7 @@ def snapshot(key: str) -> tuple[Any, ...] | None:
     return (*head, bytes(body) if body is not None else None)
 
 
-def wait_for(event: threading.Event, thread: Thread) -> bool:
+def wait_for(event: threading.Event, thread: Call) -> bool:
     """Until ``event`` is set (True), or ``thread`` ended without setting it (False)."""
     while not event.wait(0.01):
         if not thread.is_alive():

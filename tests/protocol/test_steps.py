@@ -366,7 +366,7 @@ class TestKilledWorker:
 
     def test_recovery_releases_and_the_retry_charges_once(self, provider):
         self.kill_after_charge(provider, "order-a", recorded=False)
-        register(step_work.OPERATION, lambda record: Resolution.not_done())
+        register(step_work.OPERATION, "idempotency.steps.effects_carry_step_keys")
         time.sleep(step_work.LEASE_SECONDS + 0.2)
         assert recover_expired().released == 1
         assert step_work.pay("order-a", 500, recorded=False) == "ch_1"
@@ -375,7 +375,7 @@ class TestKilledWorker:
 
     def test_with_a_recorded_step_the_retry_does_not_call_the_provider(self, provider):
         self.kill_after_charge(provider, "order-b", recorded=True)
-        register(step_work.OPERATION, lambda record: Resolution.not_done())
+        register(step_work.OPERATION, "idempotency.steps.effects_carry_step_keys")
         time.sleep(step_work.LEASE_SECONDS + 0.2)  # the lease ends: the retry takes it over
         assert step_work.pay("order-b", 500, recorded=True) == "ch_1"
         assert len(provider.charges) == 1

@@ -32,13 +32,13 @@ from idempotency.protocol.execute import execute
 from idempotency.resolvers import Resolution
 from idempotency.stores import GenericStore, store_for
 from tests.support.factories import UserFactory
+from tests.support.threads import JOIN_TIMEOUT, done, run_in_thread
 from tests.testapp.lease_views import LEASE_OPERATION, sku_for
 from tests.testapp.models import Order
 
 WAITING_URL = "/lease/waiting-orders/"  # wait_seconds=5 on the view
 URL = "/lease/orders/"  # waits only as WAIT_SECONDS says
 BODY = {"sku": "report"}
-JOIN_TIMEOUT = 30.0
 
 
 @pytest.fixture
@@ -107,11 +107,6 @@ def during_first(user: Any, url: str, key: str, **first_headers: str) -> tuple[S
     done(duplicate_thread)
     done(first_thread)
     return first, duplicate
-
-
-def done(thread: threading.Thread) -> None:
-    thread.join(JOIN_TIMEOUT)
-    assert not thread.is_alive(), "a request hung"
 
 
 def _meta(headers: dict[str, str]) -> dict[str, str]:
@@ -360,14 +355,6 @@ def polling(store: Any) -> Callable[[str, str, float], None]:
         GenericStore.wait_for_outcome(store, scope, key, seconds)
 
     return wait
-
-
-def run_in_thread(call: Callable[[], Any]) -> Any:
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
-    thread.start()
-    done(thread)
-    return box[0]
 
 
 class TestRetryAfter:

@@ -19,8 +19,8 @@ from idempotency.exceptions import KeyReused
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.protocol import Operation
 from idempotency.protocol import execute as core  # the module
-from tests.protocol.test_concurrency import run_in_threads
 from tests.support.factories import UserFactory
+from tests.support.threads import run_in_threads
 from tests.testapp.models import Order
 from tests.unit.protocol.test_execute import OTHER_HASH, Business, existing, operation
 
@@ -165,24 +165,12 @@ class TestConcurrentDuplicates:
             timer.start()
             return Business(owner=owner).run(once(lock_timeout=30))
 
-        answers = run_in_threads_allowing(2, lambda index: (first, second)[index]())
+        answers = run_in_threads(2, lambda index: (first, second)[index](), allowing_errors=True)
         assert isinstance(answers[0], RuntimeError)
         assert isinstance(answers[1], Order)
         record = IdempotencyRecord.objects.get()
         assert record.resource_id == str(answers[1].pk)
         assert list(Order.objects.values_list("pk", flat=True)) == [answers[1].pk]
-
-
-def run_in_threads_allowing(count: int, target: Any) -> list[Any]:
-    """``run_in_threads``, where an exception is an answer to assert, not a failure."""
-
-    def caught(index: int) -> tuple[Any]:
-        try:
-            return (target(index),)
-        except Exception as exc:
-            return (exc,)
-
-    return [answer for (answer,) in run_in_threads(count, caught)]
 
 
 def test_the_option_is_an_operations_own():

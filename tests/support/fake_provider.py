@@ -3,15 +3,19 @@
 ``POST /v1/charges`` (Stripe's form-encoded body, for its Python SDK pointed here
 with ``stripe.api_base``) and ``POST /charges`` (JSON) make a charge; a request
 with a key already seen answers the first response again and charges nothing.
-``GET /charges?idempotency_key=K`` says what became of a key (404: never seen),
-for resolvers. ``calls`` counts every request that made or replayed a charge;
-``charges`` holds the charges made.
+A charge keeps its ``metadata`` (``metadata[name]=value`` in Stripe's form), and
+``GET /v1/charges/search?query=metadata['name']:'value'`` finds it, as Stripe's
+search does (one clause of that form only). ``GET /charges?idempotency_key=K``
+says what became of a key (404: never seen), for resolvers of other providers.
+``calls`` counts every request that made or replayed a charge; ``charges`` holds
+the charges made.
 
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -58,6 +62,7 @@ class FakeProvider:
                 "currency": str(params.get("currency", "eur")),
                 "status": "succeeded",
                 "idempotency_key": key,
+                "metadata": _metadata(params),
             }
             self.charges.append(charge)
             if key:
@@ -67,6 +72,26 @@ class FakeProvider:
     def lookup(self, key: str) -> dict[str, Any] | None:
         with self._lock:
             return self._answers.get(key)
+
+    def search(self, query: str) -> list[dict[str, Any]]:
+        clause = _METADATA_CLAUSE.fullmatch(query.strip())
+        if clause is None:
+            raise ValueError(f"the fake provider searches metadata['k']:'v' only, not {query!r}")
+        name, value = clause.groups()
+        with self._lock:
+            return [c for c in self.charges if c["metadata"].get(name) == value]
+
+
+_METADATA_CLAUSE = re.compile(r"metadata\['([^']+)'\]:'([^']*)'")
+
+
+def _metadata(params: dict[str, Any]) -> dict[str, str]:
+    """Stripe's form sends ``metadata[name]=value``; a JSON body, a ``metadata`` object."""
+    found = dict(params.get("metadata") or {})
+    for name, value in params.items():
+        if name.startswith("metadata[") and name.endswith("]"):
+            found[name[len("metadata[") : -1]] = str(value)
+    return found
 
 
 def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
@@ -86,6 +111,11 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
+            if url.path == "/v1/charges/search":
+                query = parse_qs(url.query).get("query", [""])[0]
+                found = provider.search(query)
+                result = {"object": "search_result", "url": url.path, "has_more": False}
+                return self._answer(200, {**result, "data": found, "next_page": None})
             key = parse_qs(url.query).get("idempotency_key", [""])[0]
             found = provider.lookup(key) if url.path == "/charges" else None
             if found is None:

@@ -21,4 +21,5 @@ urlpatterns = [
     path("async/", include("tests.testapp.async_views")),
     path("drf/", include("tests.testapp.drf_views")),
     path("outage/", include("tests.testapp.outage_views")),
+    path("background/", include("tests.testapp.background")),
 ]

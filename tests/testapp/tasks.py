@@ -16,7 +16,7 @@ from celery import shared_task
 from celery.utils.log import get_task_logger
 from django.contrib.auth import get_user_model
 
-from idempotency import IdempotencyRecord, Resolution
+from idempotency import IdempotencyRecord
 from idempotency.celery import IdempotentTask
 from idempotency.steps import current
 
@@ -111,22 +111,15 @@ STEP_LEASE_SECONDS = 1.0
 HANG_AFTER_CHARGE = "IDEMPOTENCY_TEST_HANG_AFTER_CHARGE"
 
 
-def run_again(record: IdempotencyRecord) -> Resolution:
-    """The provider's answer is not looked up (Stripe has no look-up by key): run again.
-
-    Safe because the run takes its key from the step: the provider answers a repeat
-    with the first charge, and a recorded step is not even sent again.
-    """
-    return Resolution.not_done()
-
-
 @shared_task(
     bind=True,
     base=IdempotentTask,
     idempotency_key=lambda order, **_: order,
     idempotency_mode="lease",
     idempotency_lease_seconds=STEP_LEASE_SECONDS,
-    idempotency_resolver=run_again,
+    # Its one external effect carries the step's key: a lost run is released for a retry,
+    # which the provider answers with the first charge (a recorded step is not even sent).
+    idempotency_resolver="idempotency.steps.effects_carry_step_keys",
     max_retries=10,
 )
 def charge_order(

@@ -314,7 +314,92 @@ def test_mark_succeeded_allowed(operator, state):
     after = reloaded(record)
     assert after.status == Status.SUCCEEDED and after.resource_id == "991"
     assert "1 record marked as succeeded" in notes(response)[0]
-    assert change_log(record) == [f"Status {record.status} → SUCCEEDED. Resource id '' → '991'."]
+    assert change_log(record) == [
+        f"Status {record.status} → SUCCEEDED. Resource id '' → '991'. "
+        "Repeats get status 201, 0 bytes."  # a POST's create, prefilled; no body given
+    ]
+
+
+def test_mark_succeeded_asks_what_repeats_get_and_says_what_clients_see(operator):
+    record = IdempotencyRecordFactory(needs_review=True)
+    page = operator.post(
+        reverse(CHANGELIST), {"action": "mark_succeeded", "_selected_action": [record.pk]}
+    ).content.decode()
+    for field in ("status", "content_type", "body"):
+        assert f'name="{field}_{record.pk}"' in page
+    assert f'name="status_{record.pk}" value="201"' in page  # a POST: a create's status
+    assert "application/json" in page
+    assert "Idempotent-Replayed: true" in page and "empty body" in page
+
+
+def test_repeats_get_the_status_and_body_the_operator_gave(operator):
+    from rest_framework.test import APIClient
+
+    from tests.unit.test_http import ORDER, pending_order
+
+    client = APIClient()
+    client.force_authenticate(owner := UserFactory())
+    record = pending_order(owner, ORDER, needs_review=True)
+    body = '{"id": 991, "sku": "book", "quantity": 2}'
+    act(
+        operator,
+        "mark_succeeded",
+        record,
+        apply="1",
+        **{
+            f"resource_id_{record.pk}": "991",
+            f"status_{record.pk}": "201",
+            f"content_type_{record.pk}": "application/json",
+            f"body_{record.pk}": body,
+        },
+    )
+    repeat = client.post("/orders/", ORDER, format="json", headers={"Idempotency-Key": "k-1"})
+    assert repeat.status_code == 201
+    assert repeat["Content-Type"] == "application/json"
+    assert repeat["Idempotent-Replayed"] == "true"
+    assert json.loads(repeat.content) == json.loads(body)
+    assert "Idempotency-Replay" not in repeat  # given empty or not, never "omitted"
+    assert change_log(record)[0].endswith(f"Repeats get status 201, {len(body)} bytes.")
+
+
+def test_a_blank_body_is_replayed_empty_with_the_status_given(operator):
+    from idempotency.response import replay_response
+
+    record = IdempotencyRecordFactory(needs_review=True)
+    act(operator, "mark_succeeded", record, apply="1", **{f"status_{record.pk}": "204"})
+    replayed = replay_response(reloaded(record))
+    assert (replayed.status_code, replayed.content) == (204, b"")
+    assert "Idempotency-Replay" not in replayed  # empty as given, not a body left out
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"status": "500"}, "less than or equal to 299"),
+        ({"body": "{not json"}, "Not JSON"),
+    ],
+)
+def test_mark_succeeded_form_refuses_what_no_client_could_read(operator, fields, error):
+    record = IdempotencyRecordFactory(needs_review=True)
+    data = {f"{name}_{record.pk}": value for name, value in fields.items()}
+    response = operator.post(
+        reverse(CHANGELIST),
+        {"action": "mark_succeeded", "_selected_action": [record.pk], "apply": "1", **data},
+    )
+    assert response.status_code == 200 and error in response.content.decode()
+    assert reloaded(record).status == Status.NEEDS_REVIEW
+
+
+def test_a_tasks_result_must_be_json_whatever_the_content_type(operator):
+    # No request method: a task's or function's record, whose repeats return the JSON.
+    record = IdempotencyRecordFactory(needs_review=True, request_method="", request_path="")
+    data = {f"content_type_{record.pk}": "text/plain", f"body_{record.pk}": "done"}
+    response = operator.post(
+        reverse(CHANGELIST),
+        {"action": "mark_succeeded", "_selected_action": [record.pk], "apply": "1", **data},
+    )
+    assert response.status_code == 200 and "Not JSON" in response.content.decode()
+    assert reloaded(record).status == Status.NEEDS_REVIEW
 
 
 def test_mark_succeeded_blank_keeps_the_resource_id(operator):

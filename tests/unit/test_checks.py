@@ -89,6 +89,9 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": 0}),
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": "0.25"}),
     ("idempotency.E039", {"PURGE_BATCH_SECONDS": True}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": 0}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": "24h"}),
+    ("idempotency.E041", {"STEP_KEY_WINDOW": True}),
 ]
 
 
@@ -188,7 +191,8 @@ def test_a_shared_replay_cache_passes():
         "ERROR_FORMAT": "drf",
         "REPLAY_HEADERS": ["Location"],
         "RETENTION": {"SUCCEEDED": 3600, "FAILED_FINAL": None},
-        "OPERATION_RETENTION": {"orders": {"FAILED_RETRYABLE": 0}},
+        "OPERATION_RETENTION": {"tests.lease_order": {"FAILED_RETRYABLE": 0}},
+        "STEP_KEY_WINDOW": None,  # no operation sends step keys: retryable records may go
         "DATABASE": "default",
         "SCOPE_FUNCTION": "idempotency.http.default_scope",
         "OUTCOME_POLICY": lambda response: None,
@@ -471,13 +475,266 @@ def test_unapplied_migrations_are_reported_by_check_database_and_by_migrate(unmi
     assert _w007(["default"]) == []
 
 
+@pytest.mark.django_db
+@override_settings(REST_FRAMEWORK={"EXCEPTION_HANDLER": "myproject.api.errors.handler"})
+def test_after_migrate_check_database_reports_only_the_projects_own_choices():
+    # docs/quickstart.md: W007 is gone once migrated; I001 stays while a handler of the
+    # project's own sits beside the default ERROR_FORMAT, until the project chooses.
+    checked = StringIO()
+    call_command("check", databases=["default"], stdout=checked, stderr=checked)
+    assert "idempotency.W007" not in checked.getvalue()
+    assert "idempotency.I001" in checked.getvalue()
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf"}):
+        chosen = StringIO()
+        call_command("check", databases=["default"], stdout=chosen, stderr=chosen)
+    assert "no issues" in chosen.getvalue()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_records_table_dropped_behind_the_migrations_back_is_reported(records_table_dropped):
     (message,) = _w007(["default"])
     assert "table idempotency_idempotencyrecord missing" in message.msg
 
 
-# --- the cluster around the records' database (W009, W010) ---------------------------------
+# --- retryable records shorter than the providers' window (step keys) -----------------------
+
+
+def step_key_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id == "idempotency.W010"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {},  # one day each: Stripe's window
+        {"RETENTION": {"FAILED_RETRYABLE": None}},  # kept until an operator acts
+        {"RETENTION": {"FAILED_RETRYABLE": 3600}, "STEP_KEY_WINDOW": None},
+        {"RETENTION": {"FAILED_RETRYABLE": 3600}, "STEP_KEY_WINDOW": 3600},
+    ],
+)
+def test_retryable_records_as_long_as_the_step_key_window_pass(setting):
+    with override_settings(IDEMPOTENCY=setting):
+        assert step_key_warnings() == []
+
+
+def test_retryable_records_shorter_than_the_step_key_window_are_warned_about():
+    with override_settings(IDEMPOTENCY={"RETENTION": {"FAILED_RETRYABLE": 3600}}):
+        (message,) = step_key_warnings()
+    assert message.level == WARNING
+    assert message.msg.startswith("IDEMPOTENCY['RETENTION']['FAILED_RETRYABLE'] is 3600 seconds")
+    assert "STEP_KEY_WINDOW (86400 seconds)" in message.msg
+    assert "new step keys" in message.msg
+    assert "STEP_KEY_WINDOW" in (message.hint or "")
+
+
+def test_an_operations_retryable_window_is_checked_too():
+    setting = {
+        "OPERATION_RETENTION": {"tests.lease_order": {"FAILED_RETRYABLE": 600}},
+        "STEP_KEY_WINDOW": 1800,
+    }
+    with override_settings(IDEMPOTENCY=setting):
+        (message,) = step_key_warnings()
+    assert "IDEMPOTENCY['OPERATION_RETENTION']['tests.lease_order']['FAILED_RETRYABLE']" in (
+        message.msg
+    )
+    assert "1800 seconds" in message.msg
+
+
+# --- operations the settings name -------------------------------------------------------------
+
+
+SHIPPED_RESOLVER = "idempotency.steps.effects_carry_step_keys"
+
+
+def operation_warnings() -> list[Any]:
+    return [m for m in run_checks() if m.id == "idempotency.W009"]
+
+
+@override_settings(ROOT_URLCONF="tests.support.operation_urls")
+def test_every_kind_of_operation_the_project_declares_may_be_named():
+    from tests.support.operation_urls import DECLARED
+
+    setting = {
+        "OPERATION_RETENTION": {name: {"SUCCEEDED": 60} for name in DECLARED},
+        "RESOLVERS": dict.fromkeys(DECLARED, SHIPPED_RESOLVER),
+    }
+    with override_settings(IDEMPOTENCY=setting):
+        assert operation_warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "meant"),
+    [
+        ("OPERATION_RETENTION", "tests.support.operation_urls.Orders.create"),
+        ("RESOLVERS", "tests.support.operation_urls.Shipments.dispatch_now"),
+    ],
+)
+@override_settings(ROOT_URLCONF="tests.support.operation_urls")
+def test_a_misspelled_operation_is_named_with_the_one_meant(setting, meant):
+    typo = meant.replace("Orders.create", "orders.craete").replace("dispatch_now", "dispatch")
+    value = {"SUCCEEDED": 60} if setting == "OPERATION_RETENTION" else SHIPPED_RESOLVER
+    with override_settings(IDEMPOTENCY={setting: {typo: value}}):
+        (message,) = operation_warnings()
+    assert message.level == WARNING
+    assert message.msg.startswith(f"IDEMPOTENCY[{setting!r}] names the operation {typo!r}")
+    assert (message.hint or "").startswith(f"Did you mean {meant!r}?")
+
+
+def test_an_operation_nothing_resembles_is_named_without_a_guess():
+    with override_settings(IDEMPOTENCY={"RESOLVERS": {"zzz": SHIPPED_RESOLVER}}):
+        (message,) = operation_warnings()
+    assert "'zzz'" in message.msg and "lost leases go to review" in message.msg
+    assert not (message.hint or "").startswith("Did you mean")
+
+
+def test_a_settings_dict_with_errors_is_not_checked_for_operation_names():
+    # E014 says what is wrong with the window; the name is looked at once it is valid.
+    bad = {"OPERATION_RETENTION": {"no.such.operation": {"NEEDS_REVIEW": 60}}}
+    with override_settings(IDEMPOTENCY=bad):
+        assert operation_warnings() == []
+        assert our_errors() == ["idempotency.E014"]
+
+
+# A throwaway project in a process of its own, as a user meets it: only what its URLconf
+# and settings import is declared there.
+PROJECT_SETTINGS = """
+import shop.celery  # as a project's __init__ loads its Celery app
+
+SECRET_KEY = "operation-names"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework",
+    "idempotency",
+    "shop",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "shop.urls"
+USE_TZ = True
+IDEMPOTENCY = {
+    "OPERATION_RETENTION": {"shop.urls.OrderViewset.create": {"SUCCEEDED": 7 * 86400}},
+    "RESOLVERS": {
+        "shop.urls.OrderViewSet.craete": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.ship": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.shpi": "idempotency.steps.effects_carry_step_keys",
+    },
+}
+"""
+
+PROJECT_URLS = """
+from django.urls import path
+from rest_framework import viewsets
+from rest_framework.response import Response
+
+from idempotency import IdempotentCreateMixin
+
+
+class OrderViewSet(IdempotentCreateMixin, viewsets.ViewSet):
+    def create(self, request):
+        return Response(status=201)
+
+
+urlpatterns = [path("orders/", OrderViewSet.as_view({"post": "create"}))]
+"""
+
+# Imported by no URL: Celery's autodiscovery finds it, and so does the check.
+PROJECT_TASKS = """
+from celery import shared_task
+
+from idempotency.celery import IdempotentTask
+
+
+@shared_task(base=IdempotentTask, idempotency_key=lambda order: order, idempotency_mode="lease")
+def ship(order):
+    pass
+"""
+
+PROJECT_CELERY = """
+from celery import Celery
+
+app = Celery("shop")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+"""
+
+
+def checked_project(tmp_path: Path, settings: str, shop: dict[str, str]) -> str:
+    """``manage.py check``'s report on a project of ``settings`` and a ``shop`` app's files."""
+    import subprocess
+
+    from tests.support.processes import ROOT, process_env, python
+
+    (tmp_path / "shop_settings.py").write_text(settings)
+    package = tmp_path / "shop"
+    package.mkdir()
+    for name, text in {"__init__.py": "", **shop}.items():
+        (package / name).write_text(text)
+    env = process_env(
+        database=False, DJANGO_SETTINGS_MODULE="shop_settings", PYTHONPATH=f"{tmp_path}:{ROOT}"
+    )
+    checked = subprocess.run(
+        python("-m", "django", "check"), cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr  # warnings: the project still starts
+    return checked.stderr
+
+
+def test_a_fresh_project_is_told_of_its_misspelled_operations(tmp_path):
+    shop = {"urls.py": PROJECT_URLS, "tasks.py": PROJECT_TASKS, "celery.py": PROJECT_CELERY}
+    report = checked_project(tmp_path, PROJECT_SETTINGS, shop)
+    assert report.count("(idempotency.W009)") == 3
+    assert "'shop.urls.OrderViewset.create', which no view, function or task" in report
+    assert "'shop.urls.OrderViewSet.craete'" in report
+    assert report.count("Did you mean 'shop.urls.OrderViewSet.create'?") == 2
+    assert "Did you mean 'shop.tasks.ship'?" in report  # shpi; ship itself is declared
+
+
+# Django's tasks framework instead of Celery: a task its URLconf does not import either.
+DJANGO_TASKS_SETTINGS = """
+SECRET_KEY = "operation-names"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_tasks_db",
+    "idempotency",
+    "shop",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "shop.urls"
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+USE_TZ = True
+IDEMPOTENCY = {
+    "RESOLVERS": {
+        "shop.tasks.invoice": "idempotency.steps.effects_carry_step_keys",
+        "shop.tasks.invoce": "idempotency.steps.effects_carry_step_keys",
+    },
+}
+"""
+
+DJANGO_TASKS_TASKS = """
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+from idempotency.django_tasks import idempotent_task
+
+
+@task()
+@idempotent_task(key=lambda order: order, mode="lease")
+def invoice(order):
+    pass
+"""
+
+
+def test_a_fresh_project_on_djangos_tasks_is_told_of_its_misspelled_task(tmp_path):
+    shop = {"urls.py": "urlpatterns = []\n", "tasks.py": DJANGO_TASKS_TASKS}
+    report = checked_project(tmp_path, DJANGO_TASKS_SETTINGS, shop)
+    assert report.count("(idempotency.W009)") == 1
+    assert "'shop.tasks.invoce'" in report and "Did you mean 'shop.tasks.invoice'?" in report
+
+
+# --- the cluster around the records' database (W011, W012) ---------------------------------
 
 urlpatterns: list[Any] = []  # a project without lease-mode views (ROOT_URLCONF=__name__)
 
@@ -486,7 +743,7 @@ def cluster_warnings() -> list[Any]:
     from idempotency.checks import check_database
 
     found = check_database(databases=["default"])
-    return [m for m in found if m.id in ("idempotency.W009", "idempotency.W010")]
+    return [m for m in found if m.id in ("idempotency.W011", "idempotency.W012")]
 
 
 @pytest.mark.server_db
@@ -524,7 +781,7 @@ def test_lease_mode_on_a_primary_with_only_asynchronous_standbys_is_warned(
     monkeypatch.setattr(clusters, "galera", lambda alias: None)
     with override_settings(IDEMPOTENCY={"MODE": mode}, ROOT_URLCONF=urls):
         messages = cluster_warnings()
-    assert [m.id for m in messages] == (["idempotency.W009"] if warned else [])
+    assert [m.id for m in messages] == (["idempotency.W011"] if warned else [])
     if warned:
         (message,) = messages
         assert "none synchronous" in message.msg and "twice" in message.msg
@@ -539,14 +796,14 @@ def test_a_galera_node_is_warned_about_writers_on_other_nodes(monkeypatch, size,
     monkeypatch.setattr(clusters, "replication", lambda alias: None)
     monkeypatch.setattr(clusters, "galera", lambda alias: clusters.Galera(size, conflicts))
     (message,) = cluster_warnings()
-    assert message.id == "idempotency.W010"
+    assert message.id == "idempotency.W012"
     assert f"Galera cluster of {size} nodes" in message.msg and "GET_LOCK" in message.msg
     assert (f"seen {conflicts} certification failures" in message.msg) == bool(conflicts)
     assert "SILENCED_SYSTEM_CHECKS" in message.hint
-    with override_settings(SILENCED_SYSTEM_CHECKS=["idempotency.W010"]):
+    with override_settings(SILENCED_SYSTEM_CHECKS=["idempotency.W012"]):
         out = StringIO()
         call_command("check", databases=["default"], stdout=out, stderr=out)
-    assert "W010" not in out.getvalue()
+    assert "W012" not in out.getvalue()
 
 
 @pytest.mark.django_db

@@ -61,3 +61,13 @@ def test_every_signal_is_in_the_reference():
     assert "record_claimed" in names
     page = _page("signals.md")
     assert sorted(name for name in names if f"| `{name}` |" not in page) == []
+
+
+def test_every_marker_is_in_the_tests_readme():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    block = pyproject[
+        pyproject.index("markers = [") : pyproject.index("]", pyproject.index("markers = ["))
+    ]
+    declared = set(re.findall(r'^\s*"(\w+):', block, re.M))
+    listed = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "tests" / "README.md").read_text(), re.M))
+    assert declared and declared == listed

@@ -1,6 +1,6 @@
 import pytest
 
-from idempotency import KeyInvalid, KeyReused, idempotent_function
+from idempotency import KeyInUse, KeyInvalid, KeyReused, KeyUnderReview, idempotent_function
 from idempotency.models import IdempotencyRecord, Status
 
 calls: list[dict] = []
@@ -56,6 +56,41 @@ def test_scopes_are_independent():
     assert handle_per_tenant({"tenant": "a", "id": "e"}) == 1
     assert handle_per_tenant({"tenant": "b", "id": "e"}) == 2
     assert handle_per_tenant({"tenant": "a", "id": "e"}) == 1
+
+
+@pytest.mark.django_db
+def test_a_redelivery_of_an_event_under_review_raises_key_under_review():
+    event = {"id": "evt_review", "amount": 5}
+    handle(event)
+    # As a lost lease no resolver could settle leaves it: waiting for an operator.
+    IdempotencyRecord.objects.update(status=Status.NEEDS_REVIEW, expires_at=None)
+    with pytest.raises(KeyUnderReview) as caught:
+        handle(event)
+    # Its own class: a consumer that retries KeyInUse later must not retry this one.
+    assert not isinstance(caught.value, KeyInUse)
+    assert caught.value.code == "idempotency_key_under_review"
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "result"), [(b"", None), (b'{"handled": "by hand"}', {"handled": "by hand"})]
+)
+def test_a_call_an_operator_marked_succeeded_returns_the_result_given(body, result):
+    from idempotency.outcomes import StoredResponse
+    from idempotency.recovery import mark_records
+
+    event = {"id": "evt_marked", "amount": 5}
+    handle(event)
+    IdempotencyRecord.objects.update(status=Status.NEEDS_REVIEW, expires_at=None)
+    report = mark_records(
+        IdempotencyRecord.objects.all(),
+        Status.SUCCEEDED,
+        responses=lambda record: StoredResponse(200, [], body),
+    )
+    assert len(report.changes) == 1
+    assert handle(event) == result
+    assert len(calls) == 1
 
 
 @pytest.mark.django_db

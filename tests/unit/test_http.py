@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
@@ -217,11 +218,15 @@ class TestInFlight:
         assert state(record) == before
 
     @override_settings(IDEMPOTENCY={"RETRY_AFTER": 3})
-    def test_needs_review_is_in_use(self, client, user):
+    def test_needs_review_is_its_own_409_without_retry_after(self, client, user):
         pending_order(user, ORDER, needs_review=True)
         response = post(client, "/orders/", ORDER)
         assert response.status_code == 409
-        assert response["Retry-After"] == "3"
+        assert response["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "idempotency_key_under_review"
+        assert "operator" in response.json()["detail"]
+        # No invitation to poll: the answer changes when an operator acts, not with time.
+        assert not response.has_header("Retry-After")
         assert Order.objects.count() == 0
 
     def test_in_flight_with_another_body_is_reused(self, client, user):
@@ -514,6 +519,23 @@ def wrapped_errors(exc, context):
     return response
 
 
+def coded_errors(exc, context):
+    """A project handler that reads the code and message as DRF documents them."""
+    response = exception_handler(exc, context)
+    if response is not None and isinstance(exc, APIException):
+        codes = exc.get_codes()
+        if isinstance(codes, str):  # one message: DRF's own NotAuthenticated, ours
+            response.data = {
+                "error": {
+                    "code": codes,
+                    "message": str(exc.detail),
+                    "detail_code": getattr(exc.detail, "code", None),
+                    "full": exc.get_full_details(),
+                }
+            }
+    return response
+
+
 class TestErrorFormats:
     @pytest.mark.parametrize(
         ("key", "body", "status", "code"),
@@ -563,6 +585,38 @@ class TestErrorFormats:
         response = post(client, "/orders/", ORDER, key="a,b")
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "idempotency_key_invalid"
+
+    @override_settings(
+        IDEMPOTENCY={"ERROR_FORMAT": "drf"},
+        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.coded_errors"},
+    )
+    def test_a_handler_reads_the_code_as_drfs_exceptions_give_it(self, client, user):
+        response = post(client, "/orders/", ORDER, key=None)
+        message = "This operation requires an idempotency key."
+        assert response.status_code == 400
+        assert response.json() == {
+            "error": {
+                "code": "idempotency_key_missing",
+                "message": message,
+                "detail_code": "idempotency_key_missing",
+                "full": {"message": message, "code": "idempotency_key_missing"},
+            }
+        }
+        # As it reads DRF's own errors: the same handler, the same shape.
+        anonymous = post(APIClient(), "/orders/", ORDER)
+        assert anonymous.status_code in (401, 403)
+        assert anonymous.json()["error"]["code"] == NotAuthenticated.default_code
+
+    @override_settings(
+        IDEMPOTENCY={"ERROR_FORMAT": "drf", "MODE": "lease"},
+        REST_FRAMEWORK={"EXCEPTION_HANDLER": "tests.unit.test_http.coded_errors"},
+    )
+    def test_a_handler_reading_codes_keeps_retry_after(self, client, user):
+        pending_order(user, ORDER, in_flight=True)
+        response = post(client, "/orders/", ORDER)
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "idempotency_key_in_use"
+        assert response["Retry-After"] == "1"
 
     @override_settings(IDEMPOTENCY={"ERROR_FORMAT": "drf", "MODE": "lease"})
     def test_drf_format_keeps_retry_after(self, client, user):

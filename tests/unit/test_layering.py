@@ -93,6 +93,7 @@ LAYERS: list[set[str]] = [
         "idempotency.keys",
         "idempotency.fingerprint",
         "idempotency.resolvers",
+        "idempotency.operations",
         "idempotency.compat",
         "idempotency.progress",
     },
@@ -123,6 +124,8 @@ LAYERS: list[set[str]] = [
         "idempotency.celery",
         "idempotency.tasks",
         "idempotency.beat",
+        "idempotency.django_tasks",
+        "idempotency.django_tasks_jobs",
         "idempotency.checks",
         "idempotency.apps",
         # Deprecated paths, each re-exporting what moved, for one release.
@@ -135,7 +138,16 @@ LAYERS: list[set[str]] = [
 ]
 STORES, PROTOCOL, ADAPTERS = LAYERS[1] & _folder("stores"), LAYERS[2], LAYERS[4]
 # Frameworks the protocol must work without: it is reached through their adapters.
-FRAMEWORKS = {"rest_framework", "ninja", "celery", "django.http", "django.contrib"}
+FRAMEWORKS = {
+    "rest_framework",
+    "ninja",
+    "celery",
+    "django.http",
+    "django.contrib",
+    "django.tasks",
+    "django_tasks",
+    "django_tasks_db",
+}
 
 
 def layer_of(name: str) -> int:

@@ -141,6 +141,16 @@ class TestErrors:
         assert response["Retry-After"] == "1"
         assert Order.objects.count() == 1
 
+    def test_under_review_is_its_own_409_without_retry_after(self, client, auth):
+        post(client, "/orders", ORDER, auth)
+        IdempotencyRecord.objects.update(status=Status.NEEDS_REVIEW, expires_at=None)
+        response = post(client, "/orders", ORDER, auth)
+
+        assert response.status_code == 409
+        assert problem_code(response) == "idempotency_key_under_review"
+        assert not response.has_header("Retry-After")
+        assert Order.objects.count() == 1
+
     def test_another_header_name(self, client, auth):
         missing = post(client, "/lease", ORDER, auth)
         first = post(client, "/lease", ORDER, {**auth, "X-Request-Id": "r-1"}, key=None)
@@ -291,7 +301,11 @@ class TestOpenAPI:
         assert "Idempotent-Replayed" in responses["201"]["headers"]
         assert "$ref" in responses["201"]["content"]["application/json"]["schema"]
         assert "Retry-After" in responses["409"]["headers"]
-        for status, code in [("400", "idempotency_key_missing"), ("422", "idempotency_key_reused")]:
+        for status, code in [
+            ("400", "idempotency_key_missing"),
+            ("409", "idempotency_key_under_review"),
+            ("422", "idempotency_key_reused"),
+        ]:
             assert code in responses[status]["description"]
         assert operation["description"] == "Creates an order of the caller."
 

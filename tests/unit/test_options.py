@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from idempotency import IdempotencyOptions, drf, functions, http
 from idempotency.celery import IdempotentTask
 from idempotency.decorators import idempotent
+from idempotency.django_tasks import idempotent_task
 from idempotency.exceptions import KeyMissing
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.functions import idempotent_function
@@ -200,6 +201,14 @@ def call_task(options: dict[str, Any], headers: dict[str, str]) -> None:
     task(**BODY)
 
 
+def call_django_task(options: dict[str, Any], headers: dict[str, str]) -> None:
+    @idempotent_task(**options)
+    def handle(a: int, b: int) -> dict[str, bool]:
+        return {"ok": True}
+
+    handle(**BODY)
+
+
 ENTRY_POINTS = {
     "idempotent": (call_django, lambda data: http_hash(data, "/o/")),
     "ninja": (call_ninja, lambda data: http_hash(data, "/o/")),
@@ -207,6 +216,7 @@ ENTRY_POINTS = {
     "IdempotentMixin": (call_drf, lambda data: fingerprint([http_hash(data, "/o/")])),
     "idempotent_function": (call_function, function_hash),
     "IdempotentTask": (call_task, function_hash),
+    "idempotent_task": (call_django_task, function_hash),
 }
 
 
@@ -247,7 +257,7 @@ def test_each_entry_point_honours_each_option_it_takes(
     headers = {"X-Op-Key": "from-header", "Idempotency-Key": "from-default-header"}
     call(given, headers)
     seen: dict[str, Any] = {**protocol.calls[-1], "hash_of": hash_of, "material": ["material"]}
-    if entry_point in ("idempotent_function", "IdempotentTask"):
+    if entry_point in ("idempotent_function", "IdempotentTask", "idempotent_task"):
         seen["material"] = [canonical("material")]
     if name == "exclude":
         seen["hash_without_b"] = seen["operation"].request_hash

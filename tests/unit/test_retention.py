@@ -346,8 +346,8 @@ def test_rows_changed_under_a_batch_do_not_end_the_purge():
     batches: list[Purged] = []
 
     class OneRowChangedFirst:
-        def delete_batch(self, chosen: Any, ordering: str) -> Purged:
-            done = real.delete_batch(chosen, ordering)
+        def delete_batch(self, chosen: Any, ordering: str, *, keys: bool) -> Purged:
+            done = real.delete_batch(chosen, ordering, keys=keys)
             batches.append(done)
             return done._replace(deleted=done.deleted - 1) if len(batches) == 1 else done
 

@@ -9,7 +9,10 @@ before requiring keys.
 from __future__ import annotations
 
 import logging
+import re
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +24,7 @@ from idempotency import idempotent, signals
 from idempotency.contrib.prometheus import SignalCounters
 from idempotency.models import IdempotencyRecord
 from tests.support.factories import UserFactory
+from tests.support.processes import ROOT, process_env, python
 
 ORDER = {"sku": "rollout", "quantity": 1}
 OBSERVE = {"REQUIRE_KEY": False}
@@ -122,3 +126,62 @@ def test_prometheus_counts_unkeyed_requests_by_operation(api):
     assert (
         registry.get_sample_value("idempotency_claims_total", {**labels, "outcome": "claimed"}) == 1
     )
+
+
+# docs/rollout.md, "Seeing the log line": in a process of its own, Django's logging set up
+# by django.setup() from the settings alone, as a deployed project's is.
+DOCS = ROOT / "docs" / "rollout.md"
+
+PROJECT_SETTINGS = """
+SECRET_KEY = "rollout-logging"
+DEBUG = False
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "idempotency"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+USE_TZ = True
+IDEMPOTENCY = {"REQUIRE_KEY": False}
+"""
+
+KEYLESS_REQUEST = """
+import django
+
+django.setup()
+from django.http import HttpResponse
+from django.test import RequestFactory
+
+from idempotency import idempotent
+
+
+@idempotent(scope=lambda request, operation: "partner:acme")
+def create_order(request):
+    return HttpResponse(status=201)
+
+
+assert create_order(RequestFactory().post("/orders/")).status_code == 201
+"""
+
+
+def docs_logging_snippet() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S)
+    (snippet,) = [block for block in blocks if block.startswith("LOGGING = {")]
+    return snippet
+
+
+def keyless_request_logs(tmp_path: Path, settings: str) -> str:
+    (tmp_path / "rollout_settings.py").write_text(settings)
+    env = process_env(
+        database=False, DJANGO_SETTINGS_MODULE="rollout_settings", PYTHONPATH=f"{tmp_path}:{ROOT}"
+    )
+    ran = subprocess.run(
+        python("-c", KEYLESS_REQUEST), cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    return ran.stderr
+
+
+def test_djangos_default_logging_drops_the_unkeyed_line(tmp_path):
+    assert "idempotency unkeyed" not in keyless_request_logs(tmp_path, PROJECT_SETTINGS)
+
+
+def test_the_documented_logging_setting_shows_the_unkeyed_line(tmp_path):
+    logged = keyless_request_logs(tmp_path, PROJECT_SETTINGS + docs_logging_snippet())
+    assert "idempotency unkeyed operation=__main__.create_order method=POST path=/orders/" in logged

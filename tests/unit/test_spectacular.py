@@ -162,6 +162,7 @@ def test_problem_responses_carry_their_codes_and_retry_after(schema):
         ("400", "idempotency_key_missing"),
         ("400", "idempotency_key_invalid"),
         ("409", "idempotency_key_in_use"),
+        ("409", "idempotency_key_under_review"),
         ("422", "idempotency_key_reused"),
         ("503", "database_unavailable"),
         ("503", "outcome_unknown"),

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from rest_framework.test import APIClient
 
-from idempotency import KeyInUse, LeaseLost, Resolution, idempotent_function
+from idempotency import KeyInUse, KeyUnderReview, LeaseLost, Resolution, idempotent_function
 from idempotency.fingerprint import canonical, fingerprint
 from idempotency.models import IdempotencyRecord
 from idempotency.tracing import key_digest
@@ -118,6 +118,25 @@ def test_conflict_with_a_request_in_flight(db):
     (span,) = ours()
     assert span.attributes["idempotency.decision"] == "conflict"
     assert span.attributes["idempotency.retry_after"] >= 1
+
+
+def test_a_key_under_review(db):
+    record = IdempotencyRecordFactory(needs_review=True, operation="tests.traced.review")
+
+    @idempotent_function(
+        scope=record.scope, key=lambda: record.idem_key, operation=record.operation
+    )
+    def reviewed() -> None:
+        raise AssertionError("must not run")
+
+    IdempotencyRecord.objects.filter(pk=record.pk).update(request_hash=_hash_of_no_arguments())
+    with pytest.raises(KeyUnderReview):
+        reviewed()
+
+    (span,) = ours()
+    assert span.attributes["idempotency.decision"] == "under_review"
+    assert "idempotency.retry_after" not in span.attributes
+    assert span.status.status_code == StatusCode.UNSET  # the client's answer, not a failure
 
 
 def _hash_of_no_arguments() -> str:

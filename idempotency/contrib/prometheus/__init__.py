@@ -17,8 +17,10 @@ from typing import Any
 from django.dispatch import Signal
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
+# Nothing here may import the models (idempotency.logs does): Django imports this
+# module to find its AppConfig, before the app registry is ready.
 from idempotency import signals
-from idempotency.logs import operation_name
+from idempotency.signals import operation_name
 
 LABELS = ("operation", "outcome")
 
@@ -40,7 +42,7 @@ class SignalCounters:
         )
         self.conflicts = counter(
             "idempotency_conflicts",
-            "Repeats refused (outcome: in_use for 409, key_reused for 422).",
+            "Repeats refused (outcome: in_use and under_review for 409, key_reused for 422).",
         )
         self.completions = counter(
             "idempotency_completions",
@@ -91,6 +93,9 @@ class SignalCounters:
 
     def on_key_in_use(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
         self.conflicts.labels(operation_name(operation), "in_use").inc()
+
+    def on_key_under_review(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
+        self.conflicts.labels(operation_name(operation), "under_review").inc()
 
     def on_key_reused(self, sender: Any, operation: Any = None, **kwargs: Any) -> None:
         self.conflicts.labels(operation_name(operation), "key_reused").inc()

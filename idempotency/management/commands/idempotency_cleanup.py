@@ -19,14 +19,15 @@ from idempotency.management._common import (
     statuses,
 )
 from idempotency.models import PURGEABLE
-from idempotency.retention import purge_everywhere
+from idempotency.retention import purge_everywhere, purge_orphan_steps_everywhere
 from idempotency.shards import Shard
 
 
 class Command(BaseCommand):
     help = (
-        "Delete idempotency records whose retention window has passed, in bounded batches. "
-        "PROCESSING and NEEDS_REVIEW records are never deleted."
+        "Delete idempotency records whose retention window has passed, in bounded batches, "
+        "and any step whose record is gone. PROCESSING and NEEDS_REVIEW records are never "
+        "deleted."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -57,31 +58,41 @@ class Command(BaseCommand):
         dry_run = bool(options["dry_run"])
         lines = ProgressLines(self, "Purging", options)
         watch = Stopwatch()
+        database = chosen_database(options["database"])
+        batch_size = positive_int(options["batch_size"], "--batch-size")
         try:
             counts = purge_everywhere(
-                database=chosen_database(options["database"]),
-                batch_size=positive_int(options["batch_size"], "--batch-size"),
+                database=database,
+                batch_size=batch_size,
                 older_than=parse_age(options["older_than"]) if options["older_than"] else None,
                 statuses=statuses(options["status"]),
                 scope=options["scope"] or None,
                 dry_run=dry_run,
                 progress=None if dry_run else lines.callback,
             )
+            orphans = purge_orphan_steps_everywhere(
+                database=database, batch_size=batch_size, dry_run=dry_run
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         finally:
             lines.close()
         if options["verbosity"] > 0:
-            self.summary(counts, dry_run, watch)
+            self.summary(counts, sum(count for _, count in orphans), dry_run, watch)
 
-    def summary(self, counts: list[tuple[Shard, int]], dry_run: bool, watch: Stopwatch) -> None:
+    def summary(
+        self, counts: list[tuple[Shard, int]], orphans: int, dry_run: bool, watch: Stopwatch
+    ) -> None:
         verb = "Would purge" if dry_run else "Purged"
         count = sum(count for _, count in counts)
         took = watch.took(None if dry_run else count)
+        # Steps an earlier release left without their record: said only where there were some.
+        steps = f" and {orphans:,} step{'' if orphans == 1 else 's'} whose record was gone"
+        steps = steps if orphans else ""
         if len(counts) > 1:
             for shard, purged in counts:
                 self.stdout.write(f"{shard.label}: {verb.lower()} {records(purged)}.")
-            message = f"{verb} {records(count)} in {shards(counts)} {took}."
+            message = f"{verb} {records(count)}{steps} in {shards(counts)} {took}."
         else:
-            message = f"{verb} {records(count)} {took}."
+            message = f"{verb} {records(count)}{steps} {took}."
         self.stdout.write(self.style.SUCCESS(message))

@@ -1,7 +1,7 @@
 """``manage.py idempotency_recover``: one recovery pass (the recovery task's service).
 
 With ``--id``, the chosen records instead, through the admin's service
-(``idempotency.resolution``): their resolvers, or ``--mark`` a status.
+(``idempotency.recovery``): their resolvers, or ``--mark`` a status.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def test_an_absent_key_is_inserted_and_owned_by_this_claim():
 def test_a_recorded_outcome_of_the_same_request_is_replayed_and_left_alone():
     record = IdempotencyRecordFactory(succeeded=True)
     attempt, existing = claimed(operation(record))
-    assert attempt is None and existing.pk == record.pk
+    assert attempt is None and existing is not None and existing.record.pk == record.pk
     assert stored(record).owner_token == record.owner_token
     assert stored(record).version == record.version
 

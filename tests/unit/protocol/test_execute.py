@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -24,9 +25,11 @@ from django.utils.connection import ConnectionDoesNotExist
 from idempotency import signals
 from idempotency.conf import retention_for
 from idempotency.exceptions import (
+    CrossDatabaseWrite,
     DatabaseUnavailable,
     KeyInUse,
     KeyReused,
+    KeyUnderReview,
     LeaseLost,
     OutcomeUnknown,
 )
@@ -34,7 +37,7 @@ from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
-from idempotency.protocol.execute import execute
+from idempotency.protocol.execute import _guarded, _refusal, execute, writes_only_to
 from tests.support.factories import IdempotencyRecordFactory, UserFactory
 from tests.testapp.models import Order
 
@@ -317,14 +320,21 @@ class TestExistingStates:
         assert business.run() == "replayed"
         assert bytes(business.replays[0].response_body) == b'{"id": 7, "sku": "stored"}'
 
-    def test_needs_review_is_in_use(self, business):
+    def test_needs_review_is_under_review_not_in_use(self, business):
         review = existing("needs_review")
         before = snapshot(review)
-        with pytest.raises(KeyInUse) as caught:
+        with (
+            received(signals.key_under_review) as reviews,
+            received(signals.key_in_use) as conflicts,
+            pytest.raises(KeyUnderReview) as caught,
+        ):
             business.run()
-        assert caught.value.retry_after >= 1
+        assert not isinstance(caught.value, KeyInUse)
+        assert not hasattr(caught.value, "retry_after")  # no wait of the client's resolves it
         assert business.runs == 0
         assert snapshot(review) == before
+        assert [sent["record"].pk for sent in reviews] == [review.pk]
+        assert conflicts == []
 
     def test_in_flight_is_in_use_with_a_short_retry_after(self, business):
         in_flight = existing("in_flight")  # lease live for 60 s
@@ -335,12 +345,10 @@ class TestExistingStates:
         assert record().owner_token == in_flight.owner_token
         assert conflicts[0]["retry_after"] == caught.value.retry_after
 
-    @override_settings(IDEMPOTENCY={"RETRY_AFTER": 7})
-    def test_expired_lease_is_in_use_not_rerun(self, business):
+    def test_expired_lease_is_not_rerun_but_put_under_review(self, business):
         existing("expired_lease")
-        with pytest.raises(KeyInUse) as caught:
+        with pytest.raises(KeyUnderReview):
             business.run()
-        assert caught.value.retry_after == 7
         assert business.runs == 0
         # No resolver can say what happened: an operator must (tests/protocol/test_lease.py).
         assert record().status == Status.NEEDS_REVIEW
@@ -361,6 +369,15 @@ class TestLeaseMode:
 
     def lease_op(self, **changes: Any) -> Operation:
         return operation(mode="lease", lease_seconds=30, **changes)
+
+    def test_a_duplicate_of_a_record_under_review_does_not_wait_for_it(self, business):
+        existing("needs_review", self.lease_op())
+        started = time.monotonic()
+        with pytest.raises(KeyUnderReview):
+            business.run(self.lease_op(wait_seconds=5))
+        # No outcome is coming until an operator acts: answered at once, not after the wait.
+        assert time.monotonic() - started < 2
+        assert business.runs == 0
 
     def test_claim_is_committed_before_the_work_runs(self, business):
         seen: dict[str, Any] = {}
@@ -584,6 +601,85 @@ class TestOperation:
             tokens.add(record(operation(key=f"k{index}")).owner_token)
         assert len(tokens) == 5
         assert all(len(token) == len(secrets.token_hex(16)) for token in tokens)
+
+
+# --- an atomic attempt writes to one database (the write guard) ----------------------------
+# A second database is set up in the tenants pass (tests/deployment/test_database_per_tenant.py
+# runs a view that writes to another tenant's): here, the guard itself.
+
+
+def sent_to(alias: str, sql: str) -> list[str]:
+    """What reaches the database of ``alias`` through the guard of an attempt on ``default``."""
+    sent: list[str] = []
+    refuse = _refusal(alias, DEFAULT_DB_ALIAS)
+    refuse(lambda sql, params, many, context: sent.append(sql), sql, None, False, {})
+    return sent
+
+
+class TestWriteGuard:
+    @pytest.mark.parametrize(
+        "sql",
+        [
+            "INSERT INTO t VALUES (1)",
+            "  update t set a = 1",
+            "DELETE FROM t",
+            "\nMERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
+            "TRUNCATE t",
+            "REPLACE INTO t VALUES (1)",
+            "COPY t FROM STDIN",
+        ],
+    )
+    def test_a_write_to_another_alias_is_refused_with_the_fix(self, sql):
+        with pytest.raises(CrossDatabaseWrite, match=r"'default' wrote to 'other'.*using="):
+            sent_to("other", sql)
+
+    @pytest.mark.parametrize("sql", ["SELECT 1", "  select * from updates", "WITH a AS (SELECT 1)"])
+    def test_a_read_passes(self, sql):
+        assert sent_to("other", sql) == [sql]
+
+    def test_only_the_other_aliases_are_guarded(self, monkeypatch):
+        guarded: list[str] = []
+        monkeypatch.setattr(
+            "idempotency.protocol.execute.connections",
+            type(
+                "Two",
+                (),
+                {
+                    "__iter__": lambda self: iter(["default", "other"]),
+                    "__getitem__": lambda self, alias: Wrapped(alias, guarded),
+                    "settings": {"default": {}, "other": {}},
+                },
+            )(),
+        )
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": True}), writes_only_to("default"):
+            pass
+        assert guarded == ["other"]
+
+    def test_off_when_set_off_or_with_one_database(self):
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": True}):
+            assert isinstance(writes_only_to(DEFAULT_DB_ALIAS), nullcontext)  # one database
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": False}):
+            assert not _guarded()
+
+    def test_on_by_default_under_debug_and_in_tests_only(self, monkeypatch):
+        with override_settings(IDEMPOTENCY={"WRITE_GUARD": None}, DEBUG=False):
+            assert _guarded()  # Django's test environment is set up here
+            monkeypatch.delattr("django.core.mail.outbox")
+            assert not _guarded()
+            with override_settings(DEBUG=True):
+                assert _guarded()
+
+
+class Wrapped:
+    """A connection of ``alias`` that notes the execute wrapper the guard installs."""
+
+    def __init__(self, alias: str, guarded: list[str]) -> None:
+        self.alias, self.guarded = alias, guarded
+
+    @contextmanager
+    def execute_wrapper(self, wrapper: Any) -> Iterator[None]:
+        self.guarded.append(self.alias)
+        yield
 
 
 def lost_connection() -> DjangoOperationalError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 from datetime import timedelta
@@ -12,9 +13,11 @@ import pytest
 from django.test import override_settings
 from django.utils.module_loading import import_string
 
+import idempotency
+from idempotency import models
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import IdempotencyRecord, Status
-from idempotency.outcomes import StoredResponse
+from idempotency.outcomes import Recovered, StoredResponse
 from idempotency.protocol.states import ABSENT, MOVES, STATES, can_transition, transition
 from tests.support.factories import IdempotencyRecordFactory
 
@@ -229,3 +232,29 @@ def test_each_move_names_the_code_that_makes_it(name):
         assert callable(getattr(owner, attribute_path))
     else:
         assert callable(import_string(MOVES[name].runs))
+
+
+def test_each_set_of_states_has_one_home():
+    # The protocol, the stores, the replay cache and the checks all read models' sets.
+    package = Path(idempotency.__file__).resolve().parent
+    for path in package.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            names = {target.id for target in targets if isinstance(target, ast.Name)}
+            assert not names & {"REPLAYABLE", "PURGEABLE"} or path.name == "models.py", path
+    assert set(models.REPLAYABLE) == MOVES["finish"].targets
+    assert set(models.PURGEABLE) == MOVES["purge"].sources
+
+
+def test_recoverys_outcomes_have_one_name_each():
+    assert {str(outcome) for outcome in Recovered} == {
+        "succeeded",
+        "released",
+        "needs_review",
+        "unknown",
+        "skipped",
+    }
+    assert all(isinstance(outcome, str) for outcome in Recovered)  # a signal's receivers compare

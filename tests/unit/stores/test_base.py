@@ -32,9 +32,10 @@ from idempotency.protocol import Operation
 from idempotency.protocol import claim as core
 from idempotency.protocol.execute import execute
 from idempotency.retention import batch
-from idempotency.stores import Candidate, GenericStore, Store, records_database, store_for
+from idempotency.stores import Candidate, Found, GenericStore, Store, records_database, store_for
 from idempotency.stores.postgres import PostgresStore
 from tests.support.factories import IdempotencyRecordFactory
+from tests.support.threads import in_thread
 
 PACKAGE = Path(idempotency.__file__).resolve().parent
 HASH = fingerprint(["POST", "/things/", "{}"])
@@ -130,35 +131,43 @@ def candidate(token: str = "a" * 32, key: str = "k-1") -> Candidate:
 
 @pytest.mark.django_db
 class TestContract:
-    def insert(self, store: Store, token: str = "a" * 32) -> IdempotencyRecord:
+    def insert(self, store: Store, token: str = "a" * 32) -> Found:
         with transaction.atomic():
-            record = store.insert_or_lock(candidate(token))
-        assert record is not None
-        return record
+            found = store.insert_or_lock(candidate(token))
+        assert found is not None
+        return found
 
     def test_insert_or_lock_inserts_then_hands_back_the_holder(self, store):
         first = self.insert(store)
-        assert first.owner_token == "a" * 32
-        assert first.status == Status.PROCESSING
-        assert first.lease_remaining is None  # type: ignore[attr-defined]
-        second = self.insert(store, token="b" * 32)
-        assert (second.pk, second.owner_token) == (first.pk, "a" * 32)
+        assert first.record.owner_token == "a" * 32
+        assert first.record.status == Status.PROCESSING
+        assert first.lease_remaining is None and first.expired is False
+        second = self.insert(store, token="b" * 32).record
+        assert (second.pk, second.owner_token) == (first.record.pk, "a" * 32)
         assert IdempotencyRecord.objects.count() == 1
 
+    def test_what_the_store_judged_is_not_left_on_the_record(self, store):
+        record = self.insert(store).record
+        with transaction.atomic():
+            locked = store.lock(record.pk).record
+        assert not {"lease_remaining", "expired"} & set(vars(locked))
+        assert not any(name.startswith("idempotency_") for name in vars(locked))
+
     def test_claim_inserts_with_the_lease_taken_or_reads_the_committed_holder(self, store):
-        claimed = store.claim(candidate(), lease=LEASE, lock_timeout=1.0)
-        if claimed is None:  # a store without a one-statement claim
+        found = store.claim(candidate(), lease=LEASE, lock_timeout=1.0)
+        if found is None:  # a store without a one-statement claim
             return
+        claimed = found.record
         assert claimed.owner_token == "a" * 32
         assert claimed.lease_until is not None
         assert claimed._state.db == DEFAULT_DB_ALIAS and not claimed._state.adding
         assert IdempotencyRecord.objects.get().lease_until == claimed.lease_until
         existing = store.claim(candidate("b" * 32), lease=None, lock_timeout=1.0)
-        assert existing is not None and existing.pk == claimed.pk
-        assert existing.owner_token == "a" * 32
+        assert existing is not None and existing.record.pk == claimed.pk
+        assert existing.record.owner_token == "a" * 32 and existing.expired is False
 
     def test_the_owners_writes_are_fenced_by_its_token(self, store):
-        record = self.insert(store)
+        record = self.insert(store).record
         values = {
             "status": Status.SUCCEEDED,
             "response_status": 201,
@@ -184,17 +193,18 @@ class TestContract:
         assert not store.finish(record.pk, "a" * 32, values, None)  # once only
 
     def test_release_then_reclaim_then_discard(self, store):
-        record = self.insert(store)
+        record = self.insert(store).record
         assert store.release(record.pk, "a" * 32, timedelta(hours=1))
         released = IdempotencyRecord.objects.get()
         assert released.status == Status.FAILED_RETRYABLE
         assert released.expires_at is not None
         with transaction.atomic():
-            store.reclaim(store.lock(record.pk), "c" * 32, lease=LEASE)
-        reclaimed = store_for(DEFAULT_DB_ALIAS).lock(record.pk)
+            store.reclaim(store.lock(record.pk).record, "c" * 32, lease=LEASE)
+        found = store_for(DEFAULT_DB_ALIAS).lock(record.pk)
+        reclaimed = found.record
         assert (reclaimed.status, reclaimed.owner_token) == (Status.PROCESSING, "c" * 32)
         assert reclaimed.attempts == 2 and reclaimed.expires_at is None
-        assert reclaimed.lease_remaining > timedelta(0)  # type: ignore[attr-defined]
+        assert found.lease_remaining is not None and found.lease_remaining > timedelta(0)
         assert store.discard(record.pk, "c" * 32)
         assert not IdempotencyRecord.objects.exists()
 
@@ -224,15 +234,15 @@ class TestContract:
     ):
         record = self.expired(status)
         with transaction.atomic():
-            assert store.lock(record.pk).expired is expired  # type: ignore[attr-defined]
+            assert store.lock(record.pk).expired is expired
             held = store.insert_or_lock(candidate("b" * 32))
-            assert held is not None and held.expired is expired  # type: ignore[attr-defined]
+            assert held is not None and held.expired is expired
         claimed = store.claim(candidate("b" * 32), lease=None, lock_timeout=1.0)
         if claimed is not None:  # the one-statement claim reads it as the lock does
-            assert claimed.pk == record.pk and claimed.expired is expired  # type: ignore[attr-defined]
+            assert claimed.record.pk == record.pk and claimed.expired is expired
         IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
         with transaction.atomic():
-            assert store.lock(record.pk).expired is False  # type: ignore[attr-defined]
+            assert store.lock(record.pk).expired is False
 
     def test_read_final_does_not_read_an_expired_record(self, store):
         record = self.expired()
@@ -245,7 +255,8 @@ class TestContract:
     def test_reclaim_makes_an_expired_record_the_new_requests_first_attempt(self, store):
         record = self.expired(attempts=3, recovery_attempts=2)
         with transaction.atomic():
-            assert store.reclaim(store.lock(record.pk), "c" * 32, lease=LEASE, fresh=candidate())
+            locked = store.lock(record.pk).record
+            assert store.reclaim(locked, "c" * 32, lease=LEASE, fresh=candidate())
         fresh = IdempotencyRecord.objects.get()
         assert (fresh.status, fresh.owner_token, fresh.request_hash) == (
             Status.PROCESSING,
@@ -274,26 +285,14 @@ class TestContract:
         kept = IdempotencyRecordFactory(succeeded=True)
         candidates = IdempotencyRecord.objects.purgeable().order_by("expires_at")
         with transaction.atomic():
-            count, last, picked = store.delete_batch(batch(candidates, 3), "expires_at")
-        assert count == picked == 3
+            count, last, picked, keys = store.delete_batch(batch(candidates, 3), "expires_at")
+        assert count == picked == 3 and keys == ()
         assert last is None or last == sorted(r.expires_at for r in expired)[2]
         assert IdempotencyRecord.objects.count() == 3
         assert IdempotencyRecord.objects.filter(pk=kept.pk).exists()
 
 
 # What a database error means (PostgreSQL, real errors between real connections)
-
-
-def in_thread(target: Any) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 @pytest.mark.postgres

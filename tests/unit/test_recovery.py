@@ -1,4 +1,4 @@
-"""idempotency.resolution: the admin's bulk actions as a service, without the admin."""
+"""idempotency.recovery: an operator's resolution (the admin's bulk actions) as a service."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db
 
-RESOLVER = "tests.unit.test_resolution.resolved_done"
+RESOLVER = "tests.unit.test_recovery.resolved_done"
 
 
 def resolved_done(record: IdempotencyRecord) -> Resolution:
