@@ -28,7 +28,7 @@ from idempotency.conf import DEFAULTS, idempotency_settings
 from idempotency.operations import declared
 from idempotency.settings_checks import closest, settings_messages
 from idempotency.shards import record_databases
-from idempotency.stores import records_database, store_for, transaction_pooled
+from idempotency.stores import clusters, records_database, store_for, transaction_pooled
 from idempotency.unmigrated import missing_per_shard
 
 logger = logging.getLogger("idempotency")
@@ -227,6 +227,7 @@ def check_database(
     alias = records_database()
     if alias in asked:
         messages += _session_time_zone(alias)
+        messages += _cluster(alias)
     return messages
 
 
@@ -359,6 +360,68 @@ def _session_time_zone(alias: str) -> list[CheckMessage]:
             id="idempotency.W003",
         )
     ]
+
+
+def _cluster(alias: str) -> list[CheckMessage]:
+    """What the cluster the records' database is part of cannot keep (docs/high-availability.md)."""
+    try:
+        replication = clusters.replication(alias)
+        galera = clusters.galera(alias)
+    except DatabaseError:
+        return []  # Django's own checks report a database that cannot be reached
+    messages: list[CheckMessage] = []
+    if replication and replication.standbys and not replication.synchronous and _lease_mode():
+        messages.append(_asynchronous_standbys(alias, replication.standbys))
+    if galera and galera.size > 1:
+        messages.append(_several_writers(alias, galera))
+    return messages
+
+
+def _lease_mode() -> bool:
+    """Lease mode is used: the default ``MODE``, or a view of the URLconf that sets it."""
+    if idempotency_settings.MODE == "lease":
+        return True
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:
+        return False  # Django's own URL checks report a URLconf that does not import
+    return any(next(_lease_handlers(view), None) for _, view in _url_callbacks(patterns, ""))
+
+
+def _asynchronous_standbys(alias: str, standbys: int) -> CheckMessage:
+    # Atomic mode loses a record with its business writes, and the retry makes them again;
+    # lease mode's work has effects outside the database, which a lost claim or step runs again.
+    return Warning(
+        f"DATABASES[{alias!r}] is a PostgreSQL primary streaming to {standbys} "
+        f"standby{'s' if standbys != 1 else ''}, none synchronous: a failover can lose "
+        "commits it acknowledged. Lease-mode work whose claim, recorded steps or outcome were "
+        "lost runs again on the retry, and what it did outside the database (a provider's "
+        "charge) happens twice, under other step keys if the attempt's were lost with it.",
+        hint="Commit synchronously: Patroni's synchronous_mode (and synchronous_mode_strict, "
+        "to lose nothing when no standby is left), or synchronous_standby_names; or keep "
+        "what must not run twice in atomic mode (docs/high-availability.md).",
+        id="idempotency.W011",
+    )
+
+
+def _several_writers(alias: str, galera: clusters.Galera) -> CheckMessage:
+    seen = (
+        f" This node has seen {galera.conflicts} certification failures or aborts by other "
+        "nodes' writes: they are written to."
+        if galera.conflicts
+        else ""
+    )
+    return Warning(
+        f"DATABASES[{alias!r}] is a node of a Galera cluster of {galera.size} nodes. If "
+        "servers write records through more than one node, duplicates sent to different "
+        "nodes each claim the key (row locks and the claim's GET_LOCK turn hold on one node "
+        "only) and each run the view; the cluster commits one, and what a view does outside "
+        f"the database happens again.{seen}",
+        hint="Send every server's writes to one node (a proxy with one writer, or a "
+        "connection string naming one node), then add 'idempotency.W012' to "
+        "SILENCED_SYSTEM_CHECKS to say so (docs/high-availability.md).",
+        id="idempotency.W012",
+    )
 
 
 # Caches whose entries live in one process: an operator's change, made in

@@ -110,22 +110,42 @@ class TransitionNotAllowed(IdempotencyError):
 class DatabaseUnavailable(IdempotencyError, OperationalError):
     """The database failed under the request (connection lost, server restart, a timeout).
 
-    Nothing was recorded: in atomic mode the claim rolled back with the work; in
-    lease mode the record is released, or stays claimable once its lease ends.
-    The client retries with the same key after ``retry_after`` seconds. Still an
-    ``OperationalError`` (raised from the original), so code that retries on one
-    (``autoretry_for``) keeps doing so.
+    Raised before the request's outcome was committed: in atomic mode the claim
+    rolled back with the work; in lease mode the record is released, or stays
+    claimable once its lease ends. A failure at the commit itself is
+    ``OutcomeUnknown``. The client retries with the same key after
+    ``retry_after`` seconds. Still an ``OperationalError`` (raised from the
+    original), so code that retries on one (``autoretry_for``) keeps doing so.
     """
 
     code = "database_unavailable"
     title = "Database unavailable"
-    default_detail = (
-        "The database is unavailable; nothing was recorded. Retry with the same idempotency key."
-    )
+    default_detail = "The database is unavailable. Retry with the same idempotency key."
 
     def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = max(1, int(retry_after))
+
+
+class OutcomeUnknown(DatabaseUnavailable):
+    """The connection was lost while the outcome was being committed (503, ``retry_after``).
+
+    The database may have committed it and lost only its acknowledgement (a
+    primary that died at ``COMMIT``, a failover), or not: nobody can tell from
+    here. A retry with the same key is answered with the recorded outcome if
+    there is one, and runs if there is none; a retry under a new key could
+    carry the request out twice. A ``DatabaseUnavailable`` too, so everything
+    that retries one retries this.
+    """
+
+    code = "outcome_unknown"
+    title = "Outcome unknown"
+    default_detail = (
+        "The connection to the database was lost while this request's outcome was being "
+        "committed: it may or may not have been recorded. Retry with the same idempotency key "
+        "to get the recorded outcome, or to run the request if there is none; never with a "
+        "new key."
+    )
 
 
 class CrossDatabaseWrite(ImproperlyConfigured):

@@ -2,7 +2,7 @@
 
 Plain dicts (OpenAPI 3.0 and 3.1 alike), shared by the drf-spectacular and the
 django-ninja integrations: the key header with the operation's expiry policy,
-the problem responses with their codes, ``Retry-After`` on 409, and on 2xx
+the problem responses with their codes, ``Retry-After`` on 409 and 503, and on 2xx
 the replay marker (``REPLAYED_HEADER``, ``Idempotent-Replayed`` by default) and
 ``Idempotency-Replay: omitted``. A status the framework answers too (DRF's 400
 and ninja's 422 validation errors) documents both bodies as ``oneOf``
@@ -34,6 +34,7 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
     400: ("idempotency_key_missing", "idempotency_key_invalid"),
     409: ("idempotency_key_in_use", "idempotency_key_under_review", "idempotency_lease_lost"),
     422: ("idempotency_key_reused",),
+    503: ("database_unavailable", "outcome_unknown"),
 }
 
 _ERROR_DESCRIPTIONS = {
@@ -42,6 +43,10 @@ _ERROR_DESCRIPTIONS = {
     "or its outcome is unknown and waits for an operator (`idempotency_key_under_review`, "
     "without `Retry-After`): a retry gets the same answer until the operator has settled it.",
     422: "This idempotency key was already used with a different request.",
+    503: "The database failed under the request; retry with the same key after "
+    "`Retry-After`. `outcome_unknown`: the connection was lost while the outcome was "
+    "being committed, so it may have been recorded; the retry gets it if it was, and "
+    "runs the request if it was not. Never retry with a new key.",
 }
 
 
@@ -209,7 +214,7 @@ def _duration(window: timedelta | None) -> str:
 def error_responses(
     problem: Schema, framework: dict[int, tuple[Schema, str]] | None = None
 ) -> dict[int, Schema]:
-    """The 400, 409 and 422 responses; ``problem`` is the body schema or a ``$ref`` to it.
+    """The 400, 409, 422 and 503 responses; ``problem`` is the body schema or a ``$ref`` to it.
 
     ``framework`` maps a status the framework answers too to its own body's schema
     and a description: that status gets both bodies as ``oneOf`` alternatives,
@@ -226,7 +231,7 @@ def error_responses(
             either = {"oneOf": [problem, other]}
             content = {error_media_type(): {"schema": either}, JSON_MEDIA_TYPE: {"schema": either}}
         response: Schema = {"description": description, "content": content}
-        if status == 409:
+        if status in (409, 503):
             response["headers"] = {"Retry-After": retry_after_header()}
         responses[status] = response
     return responses

@@ -135,6 +135,7 @@ _ERROR_STATUS = {
     "idempotency_lease_lost": 409,
     "idempotency_key_reused": 422,
     "database_unavailable": 503,
+    "outcome_unknown": 503,
 }
 
 

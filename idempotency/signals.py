@@ -37,7 +37,8 @@ key_reused = Signal(use_caching=True)
 # An attempt recorded its outcome (or, in lease mode, failed and released the key).
 # record, operation, status: Status (SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE)
 record_completed = Signal(use_caching=True)
-# The database failed under a protected call (answered 503 over HTTP); nothing was recorded.
+# The database failed under a protected call (answered 503 over HTTP); at the outcome's COMMIT,
+# the error is an OutcomeUnknown: it may have landed.
 # operation (None when it failed before the operation was known, e.g. in authentication),
 # error: the database's exception, retry_after: int (seconds)
 database_unavailable = Signal(use_caching=True)

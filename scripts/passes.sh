@@ -18,10 +18,15 @@
 # postgres-prepared  PG_DATABASE_URL, PREPARED_STATEMENTS pytest -m "$PG_TESTS and not benchmarks" (psycopg's
 #                                                         server-side binding; the benchmarks' smoke
 #                                                         tests run once, in the postgres pass)
-# mariadb            MARIADB_DATABASE_URL                 pytest -m "not postgres"
+# mariadb            MARIADB_DATABASE_URL                 pytest -m "not postgres and not galera"
 # pgbouncer          PG_DATABASE_URL through PgBouncer    pytest -m "not session and not mariadb" $PGBOUNCER_TESTS
 # replica            a private primary and hot standby    pytest -m replica tests/deployment/test_replica.py
 # topology           PG_DATABASE_URL                      pytest -q -m topology tests/deployment/test_topology.py
+# patroni            a private Patroni cluster (3 nodes)  pytest -m patroni tests/deployment/test_patroni.py:
+#                                                         the primary killed under load, synchronous
+#                                                         (strict) then asynchronous; figures printed
+# galera             a private Galera cluster (3 nodes)   pytest -m galera tests/deployment/test_galera.py:
+#                                                         duplicates on different nodes, lagging nodes
 # tenants            PG_DATABASE_URL, settings of its own pytest -m tenants: a database per tenant
 #                                                         (tests.deployment.shards_settings), a schema
 #                                                         per tenant (tests.deployment.tenants_settings)
@@ -41,14 +46,14 @@ PG_URL=${PG_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempotency}
 MARIADB_URL=${MARIADB_DATABASE_URL:-mysql://root@127.0.0.1:3306/idempotency}
 # The deployment passes run their own markers, once each; the main PostgreSQL passes leave
 # them out.
-PG_TESTS="not mariadb and not pgbouncer and not replica and not topology and not tenants"
+PG_TESTS="not mariadb and not pgbouncer and not replica and not topology and not tenants and not patroni"
 # What a transaction pooler could break: concurrency, transactions, HTTP, Celery, outages.
 PGBOUNCER_TESTS="tests/deployment/test_pgbouncer.py tests/deployment/test_pgbouncer_outage.py
   tests/protocol/test_concurrency.py tests/protocol/test_lease.py tests/protocol/test_waiting.py
   tests/unit/stores/test_postgres.py tests/example/test_http.py tests/example/test_ninja_http.py
   tests/protocol/test_async.py tests/protocol/test_celery.py"
 CI="lint mypy docs model sqlite postgres postgres-prepared mariadb pgbouncer replica topology
-  tenants ninja-releases package"
+  patroni galera tenants ninja-releases package"
 
 versions() {
   "$PY" -c 'import sys, django; print(f"Django {django.get_version()}, Python {sys.version.split()[0]}")'
@@ -93,7 +98,7 @@ run_pass() {
       ;;
     mariadb)
       echo "== tests on MariaDB, $(versions)"
-      DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 "$PY" -m pytest -q -m "not postgres" "$@"
+      DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 "$PY" -m pytest -q -m "not postgres and not galera" "$@"
       ;;
     pgbouncer) pgbouncer_pass "$@" ;;
     replica)
@@ -110,6 +115,25 @@ run_pass() {
     topology)
       echo "== several servers and workers on one database: 3 gunicorn instances (one killed), 2 Celery workers and beat"
       DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -q -m topology tests/deployment/test_topology.py "$@"
+      ;;
+    patroni)
+      echo "== a Patroni cluster (etcd, 3 PostgreSQL nodes) whose primary is killed under load"
+      bash scripts/patroni.sh start
+      trap 'bash scripts/patroni.sh stop' EXIT
+      DATABASE_URL=$(bash scripts/patroni.sh url) REQUIRE_POSTGRES=1 \
+        "$PY" -m pytest -q -p no:cacheprovider -m patroni tests/deployment/test_patroni.py "$@"
+      bash scripts/patroni.sh stop
+      trap - EXIT
+      ;;
+    galera)
+      echo "== a Galera cluster (3 MariaDB nodes): duplicates on different nodes, lagging nodes"
+      bash scripts/galera.sh start
+      trap 'bash scripts/galera.sh stop' EXIT
+      DATABASE_URL=$(bash scripts/galera.sh url 1) REQUIRE_MARIADB=1 \
+        GALERA_URLS="$(for n in 1 2 3; do bash scripts/galera.sh url $n; done)" \
+        "$PY" -m pytest -q -p no:cacheprovider -m galera tests/deployment/test_galera.py "$@"
+      bash scripts/galera.sh stop
+      trap - EXIT
       ;;
     tenants)
       echo "== tenants: a database per tenant behind a router; a schema per tenant (django-tenants)"

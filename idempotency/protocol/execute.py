@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core import mail
+from django.db import DatabaseError, connections, transaction
 from django.db import Error as DjangoDatabaseError
-from django.db import connections, transaction
 
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings, retention_for
@@ -36,6 +36,7 @@ from idempotency.exceptions import (
     KeyReused,
     KeyUnderReview,
     LeaseLost,
+    OutcomeUnknown,
 )
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
 from idempotency.outcomes import Outcome
@@ -71,8 +72,10 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
 
     ``decide`` turns the work's result into the outcome to record, or ``None``
     to record nothing (the business writes roll back, the key stays free).
-    A database that fails under it raises ``DatabaseUnavailable``: nothing was
-    recorded, and the same call may be retried. A records table not migrated
+    A database that fails under it raises ``DatabaseUnavailable``, or
+    ``OutcomeUnknown`` when the connection was lost at the ``COMMIT`` of the outcome
+    (it may have landed): either way the same call may be retried, with the same key.
+    A records table not migrated
     raises ``ImproperlyConfigured``, which no retry mends.
     """
     if not idempotency_settings.validated:
@@ -102,9 +105,15 @@ def execute(operation: Operation, work: Work[T], *, decide: Decide[T], replay: R
 
 
 def database_unavailable(
-    error: Exception, operation: Operation | None = None
+    error: Exception,
+    operation: Operation | None = None,
+    *,
+    kind: type[DatabaseUnavailable] = DatabaseUnavailable,
 ) -> DatabaseUnavailable:
     """``error`` (an outage) as the protocol's error, once: connections cleaned, signal sent.
+
+    ``kind`` is ``OutcomeUnknown`` where the connection was lost at the ``COMMIT``
+    of an outcome, which may have landed.
 
     A connection the failure broke is closed (Django's own end-of-request check,
     ``close_if_unusable_or_obsolete``, run now), so that what runs next in this
@@ -114,7 +123,7 @@ def database_unavailable(
     if isinstance(error, DatabaseUnavailable):
         return error
     _close_broken_connections()
-    unavailable = DatabaseUnavailable(retry_after=idempotency_settings.RETRY_AFTER)
+    unavailable = kind(retry_after=idempotency_settings.RETRY_AFTER)
     # The ``idempotency`` logger hears this signal (idempotency/logs.py): one record per outage.
     signals.database_unavailable.send(
         IdempotencyRecord, operation=operation, error=error, retry_after=unavailable.retry_after
@@ -151,6 +160,8 @@ def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], repl
                 raise busy(operation) from exc
         except InFlightHere as held:
             raise _held(operation, held.found) from None
+        except LostRace as lost:
+            return _replay_winner(operation, replay, lost)
     if ran:
         return result  # type: ignore[return-value]
     # After the commit: what recovery wrote while claiming must stay even if this is a 409.
@@ -160,6 +171,7 @@ def _execute_atomic(operation: Operation, work: Work[T], decide: Decide[T], repl
 def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> tuple[bool, Any]:
     """One transaction: the claim, the work and its outcome, or the record to replay."""
     with (
+        AttemptEnd(operation) as end,
         transaction.atomic(using=operation.database),
         operation.store.statements(),
         writes_only_to(operation.database),
@@ -167,6 +179,7 @@ def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> t
         attempt, existing = claim(operation)
         if attempt is None:
             return False, existing
+        end.claimed = True
         replay_share.seen(operation.name, replayed=False)
         value = _work(work, attempt)
         outcome = decide(value, attempt)
@@ -175,7 +188,80 @@ def _atomic_attempt(operation: Operation, work: Work[T], decide: Decide[T]) -> t
             transaction.set_rollback(True, using=operation.database)
         else:
             _finish(attempt, outcome)
+            end.committing = True
         return True, value
+
+
+class LostRace(Exception):
+    """The database rolled an attempt back after its claim, in a conflict (see ``AttemptEnd``)."""
+
+
+class AttemptEnd:
+    """What an outermost attempt transaction's failure after the claim means, at its end.
+
+    Two endings an error alone would answer as an outage, "the database is
+    unavailable":
+
+    - The connection is lost at ``COMMIT`` (a primary that dies, a failover):
+      the database may have committed and lost only the acknowledgement. The
+      outcome is unknown, ``OutcomeUnknown``; never "nothing was recorded".
+    - The database gives the transaction up after the claim, at ``COMMIT`` or at
+      a statement before it (``contention`` "retry"): on a multi-primary cluster
+      (Galera) a duplicate on another node certified first (1213 at ``COMMIT``),
+      or its write set, applied here, aborted this one (1213 at the next
+      statement). Everything the attempt wrote rolled back: a duplicate that
+      lost, ``LostRace``, answered with the winner's outcome.
+
+    Inside the caller's transaction neither is ours to judge: nothing is committed here.
+    A class, not ``@contextmanager``: it wraps every atomic attempt.
+    """
+
+    def __init__(self, operation: Operation) -> None:
+        self.operation = operation
+        self.claimed = self.committing = False
+        self.outermost = False
+
+    def __enter__(self) -> AttemptEnd:
+        connection = transaction.get_connection(self.operation.database)
+        self.outermost = not connection.in_atomic_block
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        if not (self.outermost and self.claimed and isinstance(error, DjangoDatabaseError)):
+            return
+        if isinstance(error, IdempotencyError):
+            return
+        if isinstance(error, DatabaseError) and self.operation.store.contention(error) == "retry":
+            raise LostRace() from error
+        if self.committing and is_outage(error):
+            raise database_unavailable(error, self.operation, kind=OutcomeUnknown) from error
+
+
+def _replay_winner(operation: Operation, replay: Replay[T], lost: LostRace) -> T:
+    """An attempt the database rolled back in a conflict: the duplicate that won, replayed.
+
+    Read in a transaction of its own, after the rollback (on Galera, waiting until
+    this node has applied what the cluster committed: ``wsrep_sync_wait``). With
+    no outcome under the key, the conflict was not with a duplicate: the error
+    is answered as it was raised.
+    """
+    held = _winner(operation)
+    if held is None:
+        error = lost.__cause__
+        assert isinstance(error, Exception)
+        raise database_unavailable(error, operation) from error
+    return _replay(operation, held, replay)
+
+
+def _winner(operation: Operation) -> IdempotencyRecord | None:
+    """The final record another attempt committed under the key, if it was this request's."""
+    held = operation.store.read_final(operation.scope, operation.key)
+    if held is not None and held.request_hash != operation.request_hash:
+        signals.key_reused.send(IdempotencyRecord, record=held, operation=operation)
+        raise KeyReused()
+    return held
 
 
 # --- atomic mode, the record written once ---------------------------------------------------
@@ -197,30 +283,35 @@ def _execute_written_once(
     new = candidate_of(operation, token)
     attempt = Attempt(operation=operation, record=operation.store.unsaved(new), owner_token=token)
     database = operation.database
-    with (
-        transaction.atomic(using=database),
-        operation.store.statements(),
-        writes_only_to(database),
-    ):
-        value = _work(work, attempt)
-        outcome = decide(value, attempt)
-        if outcome is None:
-            transaction.set_rollback(True, using=database)  # nothing recorded, nothing happened
-            replay_share.seen(operation.name, replayed=False)
-            return value
-        if _insert_finished(attempt, new, outcome):
-            # Counted once it is known to be a first request: a repeat that ran the work
-            # and lost at the insert counts as the replay it is (below), not as both,
-            # or READ_FIRST "auto" would take twice as many repeats to start reading first.
-            replay_share.seen(operation.name, replayed=False)
-            return value
-        transaction.set_rollback(True, using=database)  # another attempt's outcome holds the key
-    held = operation.store.read_final(operation.scope, operation.key)
+    try:
+        with (
+            AttemptEnd(operation) as end,
+            transaction.atomic(using=database),
+            operation.store.statements(),
+            writes_only_to(database),
+        ):
+            end.claimed = True  # the work runs first: a conflict anywhere is a lost race
+            value = _work(work, attempt)
+            outcome = decide(value, attempt)
+            if outcome is None:
+                # Nothing recorded, nothing happened.
+                transaction.set_rollback(True, using=database)
+                replay_share.seen(operation.name, replayed=False)
+                return value
+            if _insert_finished(attempt, new, outcome):
+                end.committing = True
+                # Counted once it is known to be a first request: a repeat that ran the work
+                # and lost at the insert counts as the replay it is (below), not as both,
+                # or READ_FIRST "auto" would take twice as many repeats to start reading first.
+                replay_share.seen(operation.name, replayed=False)
+                return value
+            # Another attempt's outcome holds the key.
+            transaction.set_rollback(True, using=database)
+    except LostRace:
+        pass  # rolled back, as a duplicate's insert that lost: what holds the key decides
+    held = _winner(operation)
     if held is None:
         return _execute_atomic(operation, work, decide, replay)
-    if held.request_hash != operation.request_hash:
-        signals.key_reused.send(IdempotencyRecord, record=held, operation=operation)
-        raise KeyReused()
     return _replay(operation, held, replay)
 
 
@@ -333,8 +424,15 @@ def _execute_leased(operation: Operation, work: Work[T], decide: Decide[T], repl
         raise
     if outcome is None:
         _release(attempt, delete=True)
-    else:
+        return value
+    try:
         _finish(attempt, outcome)
+    except DjangoDatabaseError as exc:
+        # The work has run; the finish is one statement that commits by itself, and
+        # whether it did when the connection was lost nobody knows here.
+        if is_outage(exc) and not isinstance(exc, IdempotencyError):
+            raise database_unavailable(exc, operation, kind=OutcomeUnknown) from exc
+        raise
     return value
 
 
@@ -370,6 +468,13 @@ def _claim_committed(operation: Operation) -> Claimed:
         try:
             return claim_committed(operation)
         except ClaimGivenUp as exc:
+            if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
+                raise busy(operation) from exc
+        except DatabaseError as exc:
+            # The claim's own COMMIT given up: on Galera, a duplicate's claim on another
+            # node certified first (1213). The next claim finds it, as a duplicate does.
+            if isinstance(exc, IdempotencyError) or operation.store.contention(exc) != "retry":
+                raise
             if not tries_left or transaction.get_connection(operation.database).in_atomic_block:
                 raise busy(operation) from exc
     raise AssertionError("unreachable")  # pragma: no cover

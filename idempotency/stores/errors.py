@@ -123,6 +123,7 @@ _POSTGRES_OUTAGES = frozenset(
 _MYSQL_OUTAGES = frozenset(
     {
         1040,  # ER_CON_COUNT_ERROR: too many connections
+        1047,  # ER_UNKNOWN_COM_ERROR: a Galera node not (yet) in the primary component
         1053,  # ER_SERVER_SHUTDOWN
         1158,  # ER_NET_READ_ERROR, and the three next: the connection failed under the server
         1159,

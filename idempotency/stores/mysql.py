@@ -47,6 +47,13 @@ _LOCK_WAIT_TIMEOUT = 1205
 _BUSY = frozenset({_LOCK_WAIT_TIMEOUT, 3572})
 _RETRY = frozenset({1213})
 
+# READ (1) of wsrep_sync_wait, beside what the session has; and the session's value back.
+_CAUSAL = (
+    ", @idempotency_sync_wait = @@SESSION.wsrep_sync_wait, "
+    "SESSION wsrep_sync_wait = @@SESSION.wsrep_sync_wait | 1"
+)
+_CAUSAL_UNDONE = ", SESSION wsrep_sync_wait = @idempotency_sync_wait"
+
 
 class MySQLStore(GenericStore):
     def insert_or_lock(self, candidate: Candidate) -> Found | None:
@@ -107,16 +114,54 @@ class MySQLStore(GenericStore):
     @contextmanager
     def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
         # A session variable: it outlives a rolled-back statement, so it is put back always.
+        # On a Galera node the claim's reads wait for what the cluster has committed too.
+        causal = self._galera_node()
         with self.connection.cursor() as cursor:
             cursor.execute(
                 "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
-                "SESSION innodb_lock_wait_timeout = %s",
+                "SESSION innodb_lock_wait_timeout = %s" + (_CAUSAL if causal else ""),
                 [lock_wait_seconds(seconds, mariadb=self._mariadb)],
             )
         try:
             yield
         finally:
-            self._always("SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait")
+            self._always(
+                "SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait"
+                + (_CAUSAL_UNDONE if causal else "")
+            )
+
+    def read_final(self, scope: str, key: str) -> IdempotencyRecord | None:
+        if not self._galera_node():
+            return super().read_final(scope, key)
+        with self.connection.cursor() as cursor:
+            cursor.execute("SET " + _CAUSAL.lstrip(", "))
+        try:
+            return super().read_final(scope, key)
+        finally:
+            self._always("SET " + _CAUSAL_UNDONE.lstrip(", "))
+
+    # Whether the alias is a Galera node (MariaDB Galera Cluster, Percona XtraDB Cluster),
+    # learnt on first use: the same server for the whole alias.
+    _galera: bool | None = None
+
+    def _galera_node(self) -> bool:
+        """Whether the alias is a node of a Galera cluster (``wsrep_on``).
+
+        Another node's commit reaches this one a little later (it is applied, in
+        order, by this node's applier threads): a read that must see every outcome
+        the cluster has acknowledged waits for it (``wsrep_sync_wait``). Without it,
+        a replay on a lagging node would not find the record, run the view again and
+        fail at ``COMMIT``. The wait only applies at the start of a transaction: the
+        claim's first statement, a read outside any transaction. Under a transaction
+        of the caller's (``ATOMIC_REQUESTS``), set it on the connection
+        (docs/high-availability.md).
+        """
+        if self._galera is None:
+            with self.connection.cursor() as cursor:
+                cursor.execute("SHOW VARIABLES LIKE 'wsrep\\_on'")  # none on MySQL
+                row = cursor.fetchone()
+            self._galera = row is not None and str(row[1]).upper() == "ON"
+        return self._galera
 
     def clock_offset(self) -> tuple[str, int] | None:
         # DATETIME columns hold the session's local time: NOW() must be UTC, as Django's values.

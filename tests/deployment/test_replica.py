@@ -225,3 +225,12 @@ def test_a_record_read_from_the_replica_is_forgotten_under_the_records_database(
     # Requests cache under the records' database: that is the entry to forget.
     entry = caches["replays"].get(replay_cache.cache_key(PRIMARY, record.scope, record.idem_key))
     assert entry == {"forgotten": True}
+
+
+def test_lease_mode_on_this_asynchronous_primary_is_warned_by_check_database():
+    from idempotency.checks import check_database
+
+    # The standby streams asynchronously: a failover to it could lose acknowledged commits.
+    with override_settings(IDEMPOTENCY={"MODE": "lease"}):
+        (warning,) = [m for m in check_database(databases=[PRIMARY]) if m.id.endswith("W011")]
+    assert "streaming to 1 standby, none synchronous" in warning.msg

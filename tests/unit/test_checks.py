@@ -732,3 +732,84 @@ def test_a_fresh_project_on_djangos_tasks_is_told_of_its_misspelled_task(tmp_pat
     report = checked_project(tmp_path, DJANGO_TASKS_SETTINGS, shop)
     assert report.count("(idempotency.W009)") == 1
     assert "'shop.tasks.invoce'" in report and "Did you mean 'shop.tasks.invoice'?" in report
+
+
+# --- the cluster around the records' database (W011, W012) ---------------------------------
+
+urlpatterns: list[Any] = []  # a project without lease-mode views (ROOT_URLCONF=__name__)
+
+
+def cluster_warnings() -> list[Any]:
+    from idempotency.checks import check_database
+
+    found = check_database(databases=["default"])
+    return [m for m in found if m.id in ("idempotency.W011", "idempotency.W012")]
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"MODE": "lease"})
+def test_a_single_server_is_no_cluster_to_warn_about():
+    from idempotency.stores import clusters
+
+    # This machine's PostgreSQL has no standby, its MariaDB no wsrep: nothing to say.
+    assert clusters.galera("default") is None
+    replication = clusters.replication("default")
+    assert replication is None or replication.standbys == 0
+    assert cluster_warnings() == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("replication", "mode", "urls", "warned"),
+    [
+        ((2, False), "lease", "tests.support.urls", True),
+        ((1, False), "atomic", "tests.support.check_urls", True),  # lease-mode views
+        ((2, True), "lease", "tests.support.urls", False),  # synchronous
+        ((0, False), "lease", "tests.support.urls", False),  # no standby to fail over to
+        ((2, False), "atomic", __name__, False),  # nothing in lease mode
+    ],
+)
+def test_lease_mode_on_a_primary_with_only_asynchronous_standbys_is_warned(
+    monkeypatch, replication, mode, urls, warned
+):
+    from idempotency.stores import clusters
+
+    standbys, synchronous = replication
+    found = clusters.Replication(standbys=standbys, synchronous=synchronous)
+    monkeypatch.setattr(clusters, "replication", lambda alias: found)
+    monkeypatch.setattr(clusters, "galera", lambda alias: None)
+    with override_settings(IDEMPOTENCY={"MODE": mode}, ROOT_URLCONF=urls):
+        messages = cluster_warnings()
+    assert [m.id for m in messages] == (["idempotency.W011"] if warned else [])
+    if warned:
+        (message,) = messages
+        assert "none synchronous" in message.msg and "twice" in message.msg
+        assert "synchronous_mode" in message.hint and "atomic mode" in message.hint
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("size", "conflicts"), [(3, 0), (2, 41)])
+def test_a_galera_node_is_warned_about_writers_on_other_nodes(monkeypatch, size, conflicts):
+    from idempotency.stores import clusters
+
+    monkeypatch.setattr(clusters, "replication", lambda alias: None)
+    monkeypatch.setattr(clusters, "galera", lambda alias: clusters.Galera(size, conflicts))
+    (message,) = cluster_warnings()
+    assert message.id == "idempotency.W012"
+    assert f"Galera cluster of {size} nodes" in message.msg and "GET_LOCK" in message.msg
+    assert (f"seen {conflicts} certification failures" in message.msg) == bool(conflicts)
+    assert "SILENCED_SYSTEM_CHECKS" in message.hint
+    with override_settings(SILENCED_SYSTEM_CHECKS=["idempotency.W012"]):
+        out = StringIO()
+        call_command("check", databases=["default"], stdout=out, stderr=out)
+    assert "W012" not in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_galera_node_alone_is_no_cluster(monkeypatch):
+    from idempotency.stores import clusters
+
+    monkeypatch.setattr(clusters, "replication", lambda alias: None)
+    monkeypatch.setattr(clusters, "galera", lambda alias: clusters.Galera(1, 0))
+    assert cluster_warnings() == []

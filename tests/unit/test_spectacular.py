@@ -164,12 +164,15 @@ def test_problem_responses_carry_their_codes_and_retry_after(schema):
         ("409", "idempotency_key_in_use"),
         ("409", "idempotency_key_under_review"),
         ("422", "idempotency_key_reused"),
+        ("503", "database_unavailable"),
+        ("503", "outcome_unknown"),
     ]:
         content = responses[status]["content"]["application/problem+json"]
         assert PROBLEM in content["schema"].get("oneOf", [content["schema"]])
         assert code in responses[status]["description"]
         assert code in problem["properties"]["code"]["description"]
-    assert responses["409"]["headers"]["Retry-After"]["schema"]["type"] == "integer"
+    for status in ("409", "503"):
+        assert responses[status]["headers"]["Retry-After"]["schema"]["type"] == "integer"
     assert "application/json" in responses["201"]["content"]
 
 

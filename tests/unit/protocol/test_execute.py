@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from functools import partial
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import OperationalError as DjangoOperationalError
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
@@ -23,10 +26,12 @@ from idempotency import signals
 from idempotency.conf import retention_for
 from idempotency.exceptions import (
     CrossDatabaseWrite,
+    DatabaseUnavailable,
     KeyInUse,
     KeyReused,
     KeyUnderReview,
     LeaseLost,
+    OutcomeUnknown,
 )
 from idempotency.fingerprint import fingerprint
 from idempotency.models import IdempotencyRecord, Status
@@ -675,3 +680,177 @@ class Wrapped:
     def execute_wrapper(self, wrapper: Any) -> Iterator[None]:
         self.guarded.append(self.alias)
         yield
+
+
+def lost_connection() -> DjangoOperationalError:
+    """A connection lost under a statement, as this database's driver reports it."""
+    cause: Exception
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        cause = psycopg.OperationalError("server closed the connection unexpectedly")
+    elif connection.vendor == "mysql":
+        import MySQLdb
+
+        cause = MySQLdb.OperationalError(2013, "Lost connection to server during query")
+    else:
+        import sqlite3
+
+        cause = sqlite3.OperationalError("database is locked")  # SQLite's only outage
+    error = DjangoOperationalError(*cause.args)
+    error.__cause__ = cause
+    return error
+
+
+GIVEN_UP = DjangoOperationalError(1213, "Deadlock found; a duplicate committed first")
+
+
+@pytest.fixture
+def commit_fails(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """The next COMMIT of this thread's connection fails, after ``then`` (committed or not)."""
+
+    def arrange(error: Exception, *, committed: bool, then: Callable[[], None] = lambda: None):
+        wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's, not the proxy
+        real_commit, real_rollback = wrapper._commit, wrapper._rollback
+        failed: list[bool] = []
+
+        def failing() -> None:
+            if failed:
+                return real_commit()
+            failed.append(True)
+            (real_commit if committed else real_rollback)()
+            then()
+            raise error
+
+        monkeypatch.setattr(wrapper, "_commit", failing)
+
+    return arrange
+
+
+def elsewhere(call: Callable[[], Any]) -> None:
+    """``call`` on a connection of its own (another server, as far as this one knows)."""
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestWhenTheCommitFails:
+    """What an attempt answers when its own transaction fails at its end (failover, Galera)."""
+
+    def test_a_connection_lost_at_commit_is_an_unknown_outcome_retried_with_the_key(
+        self, business, commit_fails
+    ):
+        # The commit landed; only its acknowledgement was lost (a primary killed at COMMIT).
+        commit_fails(lost_connection(), committed=True)
+        with received(signals.database_unavailable) as sent, pytest.raises(OutcomeUnknown) as lost:
+            business.run()
+        assert lost.value.code == "outcome_unknown"
+        assert isinstance(lost.value, DatabaseUnavailable)  # retried as any outage is
+        assert "nothing was recorded" not in lost.value.detail
+        assert "same idempotency key" in lost.value.detail
+        assert len(sent) == 1
+        assert business.run() == "replayed"  # the retry finds what the commit wrote
+        assert business.runs == 1 and Order.objects.count() == 1
+
+    def test_a_commit_that_did_not_land_is_unknown_too_and_the_retry_runs(
+        self, business, commit_fails
+    ):
+        commit_fails(lost_connection(), committed=False)
+        with pytest.raises(OutcomeUnknown):
+            business.run()
+        assert IdempotencyRecord.objects.count() == 0
+        business.run()
+        assert business.runs == 2 and record().status == Status.SUCCEEDED
+
+    def test_a_connection_lost_before_the_commit_is_database_unavailable(
+        self, business, monkeypatch
+    ):
+        def broken(*args: Any, **kwargs: Any) -> bool:
+            raise lost_connection()
+
+        monkeypatch.setattr(type(operation().store), "finish", broken)
+        with pytest.raises(DatabaseUnavailable) as unavailable:
+            business.run()
+        assert not isinstance(unavailable.value, OutcomeUnknown)
+        assert unavailable.value.code == "database_unavailable"
+        assert IdempotencyRecord.objects.count() == 0 and Order.objects.count() == 0
+
+    def test_a_duplicate_that_lost_at_commit_answers_the_winners_outcome(
+        self, business, commit_fails, monkeypatch
+    ):
+        # Galera: a duplicate on another node certified first; this COMMIT fails (1213)
+        # and everything of this attempt rolled back.
+        store = type(operation().store)
+        monkeypatch.setattr(store, "contention", lambda self, error: "retry")
+        winner = partial(existing, "succeeded", response_body=b'{"id": 7}')
+        commit_fails(GIVEN_UP, committed=False, then=lambda: elsewhere(winner))
+        assert business.run() == "replayed"
+        assert business.runs == 1
+        assert bytes(business.replays[0].response_body) == b'{"id": 7}'
+        assert Order.objects.count() == 0  # the loser's order rolled back with it
+
+    def test_a_winner_under_another_request_is_key_reused(
+        self, business, commit_fails, monkeypatch
+    ):
+        monkeypatch.setattr(type(operation().store), "contention", lambda self, error: "retry")
+        winner = partial(existing, "succeeded", request_hash=OTHER_HASH)
+        commit_fails(GIVEN_UP, committed=False, then=lambda: elsewhere(winner))
+        with pytest.raises(KeyReused):
+            business.run()
+
+    def test_a_conflict_without_a_winner_is_answered_as_the_error_it_is(
+        self, business, commit_fails, monkeypatch
+    ):
+        # A deadlock with another request that is no duplicate: nothing holds the key.
+        monkeypatch.setattr(type(operation().store), "contention", lambda self, error: "retry")
+        commit_fails(GIVEN_UP, committed=False)
+        with pytest.raises(DatabaseUnavailable) as unavailable:
+            business.run()
+        assert unavailable.value.code == "database_unavailable"
+        assert IdempotencyRecord.objects.count() == 0
+
+    def test_inside_the_callers_transaction_the_commit_is_not_ours(self, business, commit_fails):
+        commit_fails(lost_connection(), committed=True)
+        with pytest.raises(DjangoOperationalError) as raised, transaction.atomic():
+            business.run()
+        assert not isinstance(raised.value, DatabaseUnavailable)  # the caller's COMMIT failed
+
+    def test_lease_mode_a_finish_lost_with_its_connection_is_unknown(self, business, monkeypatch):
+        store = type(operation().store)
+        real_finish = store.finish
+
+        def finished_then_lost(self: Any, *args: Any, **kwargs: Any) -> bool:
+            real_finish(self, *args, **kwargs)
+            raise lost_connection()
+
+        monkeypatch.setattr(store, "finish", finished_then_lost)
+        with pytest.raises(OutcomeUnknown):
+            business.run(operation(mode="lease"))
+        monkeypatch.setattr(store, "finish", real_finish)
+        assert business.run(operation(mode="lease")) == "replayed"
+        assert business.runs == 1
+
+    def test_lease_mode_a_claim_given_up_at_its_commit_is_claimed_again(
+        self, business, monkeypatch
+    ):
+        from idempotency.protocol import execute as protocol
+
+        monkeypatch.setattr(type(operation().store), "contention", lambda self, error: "retry")
+        real_claim, failures = protocol.claim_committed, [GIVEN_UP]
+
+        def given_up_once(op: Operation) -> Any:
+            if failures:
+                raise failures.pop()
+            return real_claim(op)
+
+        monkeypatch.setattr(protocol, "claim_committed", given_up_once)
+        business.run(operation(mode="lease"))
+        assert business.runs == 1 and record().status == Status.SUCCEEDED

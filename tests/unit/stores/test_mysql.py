@@ -50,6 +50,12 @@ def session_lock_wait() -> int:
         return int(cursor.fetchone()[0])
 
 
+def session_sync_wait() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.wsrep_sync_wait")
+        return int(cursor.fetchone()[0])
+
+
 def deadlocks() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
@@ -91,6 +97,50 @@ class TestOnMariaDB:
         )
         assert seen == [7]
         assert session_lock_wait() == 7
+
+    def test_a_single_server_is_no_galera_node_and_reads_as_it_did(self):
+        store = MySQLStore("default")
+        assert store._galera_node() is False
+        with CaptureQueriesContext(connection) as queries:
+            run(operation(key="k-single"))
+            run(operation(key="k-single"))
+        assert not [q for q in queries.captured_queries if "wsrep" in q["sql"]]
+
+    def test_on_a_galera_node_the_claim_and_replay_read_what_the_cluster_committed(
+        self, monkeypatch
+    ):
+        # A Galera node answers wsrep_on = ON (this server has the variable, off): the
+        # claim's reads, and a read first, wait for the cluster's commits; after them,
+        # the session's own setting is back.
+        store = store_for("default")
+        monkeypatch.setattr(store, "_galera", True)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION wsrep_sync_wait = 8")  # a bit of the project's own
+        seen: list[int] = []
+
+        def work(attempt: Attempt) -> str:
+            seen.append(session_sync_wait())
+            return "ran"
+
+        with store.bounded_lock_wait(1):
+            seen.append(session_sync_wait())
+        run(operation(key="k-galera"), work)
+        assert store.read_final("user:1:things", "k-galera") is not None
+        assert seen == [9, 8]  # the claim's reads with READ (1) added; the work as it was
+        assert session_sync_wait() == 8
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION wsrep_sync_wait = 0")
+
+    def test_a_galera_node_out_of_the_primary_component_is_an_outage(self):
+        import MySQLdb
+
+        from idempotency.stores.errors import is_outage
+        from tests.unit.stores.test_errors import wrapped
+
+        error = MySQLdb.OperationalError(
+            1047, "WSREP has not yet prepared node for application use"
+        )
+        assert is_outage(wrapped(MySQLdb, error))
 
     def test_a_duplicate_gives_up_after_the_bound_rounded_up_and_puts_it_back(self):
         held, release = threading.Event(), threading.Event()
