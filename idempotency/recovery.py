@@ -193,6 +193,8 @@ class Change:
     before: IdempotencyRecord
     after: IdempotencyRecord
     outcome: Recovered | None = None
+    # What the operator gave repeats to get, if anything (``mark_records(responses=...)``).
+    response: StoredResponse | None = None
 
     def describe(self) -> str:
         """The change in a sentence, for an audit log."""
@@ -206,11 +208,12 @@ class Change:
                 "old": before.resource_id,
                 "new": after.resource_id,
             }
-        replayed = (after.response_status, bytes(after.response_body or b""))
-        if replayed != (before.response_status, bytes(before.response_body or b"")):
+        # Said from what the operator gave, not read back: a record listed by the admin
+        # leaves its body unread (deferred), and reading it now could ask a replica.
+        if self.response is not None:
             message += " " + gettext("Repeats get status %(status)s, %(size)d bytes.") % {
-                "status": after.response_status,
-                "size": len(replayed[1]),
+                "status": self.response.status,
+                "size": len(self.response.body or b""),
             }
         return message
 
@@ -251,7 +254,7 @@ def mark_records(
         except TransitionNotAllowed as error:
             report.refused.append(f"{record}: {error.detail}")
             continue
-        report.changes.append(Change(record, updated))
+        report.changes.append(Change(record, updated, response=response))
     return report
 
 
