@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import MySQLdb
 import pytest
 
 from tests.support.clusters import (
@@ -70,6 +69,8 @@ def node(url: str, database: str | None = DATABASE, sync: bool = True) -> Iterat
     options: dict[str, Any] = {"host": parts.hostname, "port": parts.port, "user": "root"}
     if database:
         options["db"] = database
+    import MySQLdb  # here: the package pass collects this module without the mysql extra
+
     db = MySQLdb.connect(**options, autocommit=True)
     try:
         db.cursor().execute(f"SET SESSION wsrep_sync_wait = {15 if sync else 0}")
