@@ -50,6 +50,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "idempotency",
+    # Django's tasks in this database, run by `manage.py db_worker` (docs/tasks.md).
+    "django_tasks_db",
     "example_project.shop",
     "example_project.reports",
     "example_project.ops",
@@ -142,6 +144,13 @@ IDEMPOTENCY = {
     # waiting LOCK_TIMEOUT on the first attempt's row lock (the draft's SHOULD).
     "IN_FLIGHT": env.str("IDEMPOTENCY_IN_FLIGHT", default="wait"),
 }
+
+# Django's tasks (built in on Django 6, the django-tasks backport on 5.2), run by
+# `manage.py db_worker`. A task is a row of DATABASE_URL's database, written in the
+# transaction of the view that enqueues it: the receipt's task exists if and only if its
+# request's record committed (docs/tasks.md, "Enqueueing from a protected view"). Not read
+# from the environment: a backend outside that database would break the promise.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 # The payment provider signs each callback body with this secret (X-Signature).
 PAYMENT_WEBHOOK_SECRET = env.str("PAYMENT_WEBHOOK_SECRET", default="dev-webhook-secret")

@@ -53,3 +53,15 @@ class Payment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.trade_no} {self.amount}"
+
+
+class Receipt(models.Model):
+    """An order's receipt, issued by the ``issue_receipt`` task: one per order."""
+
+    # One-to-one: the business-level guard behind the task's record, as for payments. A
+    # receipt asked for again after the record was purged finds this row, not a second one.
+    order = models.OneToOneField(Order, on_delete=models.CASCADE, related_name="receipt")
+    issued_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Receipt {self.pk} of order #{self.order_id}"

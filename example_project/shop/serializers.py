@@ -2,7 +2,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from example_project.shop.models import Order
+from example_project.shop.models import Order, Receipt
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -13,6 +13,13 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "url", "sku", "quantity", "status", "created_at", "paid_at"]
         read_only_fields = ["status", "created_at", "paid_at"]
+
+
+class ReceiptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Receipt
+        fields = ["id", "order", "issued_at"]
+        read_only_fields = fields
 
 
 class TradeSerializer(serializers.Serializer):

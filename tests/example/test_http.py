@@ -14,15 +14,29 @@ from typing import Any
 
 import pytest
 
-from tests.support.example_server import Server, example_project, gunicorn, in_parallel
+from tests.support.example_server import (
+    Server,
+    example_project,
+    gunicorn,
+    in_parallel,
+    run_tasks,
+)
 from tests.support.servers import Reply
 
 pytestmark = pytest.mark.server_db
 
 
 @pytest.fixture(scope="module")
-def server(django_db_blocker: Any) -> Iterator[Server]:
-    with example_project(django_db_blocker) as (database, env), gunicorn(env) as url:
+def project(django_db_blocker: Any) -> Iterator[tuple[str, dict[str, str]]]:
+    """The example's database, and the environment its server and task worker run with."""
+    with example_project(django_db_blocker) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def server(project: tuple[str, dict[str, str]]) -> Iterator[Server]:
+    database, env = project
+    with gunicorn(env) as url:
         yield Server(url=url, database=database)
 
 
@@ -242,6 +256,49 @@ def test_callback_for_an_unknown_order_or_malformed_body(server, order_id):
     assert invalid.status == 400
     assert server.records_with("idem_key", "acme:H-404") == 0
     assert server.records_with("idem_key", "acme:H-400") == 0
+
+
+# --- receipts: a protected view that enqueues a protected django.tasks task ----------------
+
+
+def receipt_tasks(server: Server, status: str) -> int:
+    """The server's ``issue_receipt`` tasks in ``status`` (``READY``, ``SUCCESSFUL``, ...)."""
+    return server.count(
+        "SELECT count(*) FROM django_tasks_database_dbtaskresult "
+        "WHERE task_path = 'example_project.shop.tasks.issue_receipt' AND status = %s",
+        status,
+    )
+
+
+def test_receipt_asked_for_at_once_and_again_is_one_task_and_one_receipt(server, project):
+    order = server.create_order({"sku": "http-receipt", "quantity": 1}, key="http-receipt")
+    path = f"/api/orders/{order.json()['id']}/receipt/"
+
+    def ask(key: str) -> Reply:
+        return server.request("POST", path, headers={"Idempotency-Key": key})
+
+    replies = in_parallel(8, lambda: ask("http-receipt-1"))
+    again = ask("http-receipt-1")
+
+    assert {reply.status for reply in replies} <= {202, 409}
+    originals = [reply for reply in replies if reply.status == 202 and not reply.replayed]
+    assert len(originals) == 1
+    assert (again.status, again.replayed, again.body) == (202, True, originals[0].body)
+    assert receipt_tasks(server, "READY") == 1  # the duplicates enqueued nothing
+    assert server.request("GET", path).status == 404  # no worker has run it yet
+
+    run_tasks(project[1])  # a db_worker process, on the server's database
+    issued = server.request("GET", path)
+    assert issued.status == 200 and issued.json()["order"] == order.json()["id"]
+
+    # A new key is a new request, and a task of its own: it finds the receipt issued.
+    assert ask("http-receipt-2").status == 202
+    run_tasks(project[1])
+    assert receipt_tasks(server, "SUCCESSFUL") == 2
+    assert receipt_tasks(server, "READY") == receipt_tasks(server, "FAILED") == 0
+    receipts = "SELECT count(*) FROM shop_receipt WHERE order_id = %s"
+    assert server.count(receipts, order.json()["id"]) == 1
+    assert server.request("GET", path).body == issued.body
 
 
 # --- bad input over HTTP ------------------------------------------------------------------

@@ -129,6 +129,12 @@ def prepare_example(url: str) -> dict[str, str]:
     return env
 
 
+def run_tasks(env: dict[str, str]) -> None:
+    """``manage.py db_worker`` on the example's database, a process of its own as deployed:
+    every task ready, then back."""
+    _manage(env, "db_worker", "--batch", "--no-startup-delay", "-v", "0")
+
+
 def collect_static(env: dict[str, str], root: Path) -> None:
     """``collectstatic`` into ``root``, set as the server's ``STATIC_ROOT`` in ``env``.
 
