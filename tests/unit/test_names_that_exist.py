@@ -22,8 +22,10 @@ import pytest
 
 import idempotency
 
+# The package as imported (the installed wheel in the package pass), and the checkout that
+# holds the docs and the tests.
 PACKAGE = Path(idempotency.__file__).resolve().parent
-ROOT = PACKAGE.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Modules kept for one release, each re-exporting where its names went.
 MOVED = ("core", "transitions", "write_guard", "resolution", "fanout")
 # Removed modules whose names are no other thing's: a bare mention of one is stale.
@@ -136,7 +138,7 @@ def test_the_docs_name_modules_that_exist():
 
 def test_the_packages_docstrings_and_comments_name_modules_that_exist():
     offenders = [
-        f"{path.relative_to(ROOT)}:{line}: {name}"
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {name}"
         for path, line, text in prose_of_package()
         for name in stale(text)
     ]
