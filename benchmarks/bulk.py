@@ -33,7 +33,7 @@ INSERT INTO idempotency_idempotencyrecord (
 )
 SELECT
     __SCOPE__, md5(%(tag)s || g), 'bench.bulk', __HASH__,
-    'POST', '/api/orders/', 'SUCCEEDED', md5('owner' || g), NULL, 201,
+    'POST', '/api/orders/', 'SUCCEEDED', decode(md5('owner' || g), 'hex'), NULL, 201,
     '[["Content-Type", "application/json"]]'::jsonb,
     convert_to('{"id": ' || g || ', "url": "http://127.0.0.1/api/orders/' || g
         || '/", "sku": "bench", "quantity": 1, "status": "PENDING", '
@@ -53,8 +53,8 @@ INSERT INTO {TABLE} (
     version, created_at, updated_at
 )
 SELECT
-    'user:1:' || %(operation)s, 'lost-' || g, %(operation)s, md5(g::text), 'POST',
-    '/bench/orders/lease/', 'PROCESSING', md5('lost' || g), now() - interval '5 minutes',
+    'user:1:' || %(operation)s, 'lost-' || g, %(operation)s, decode(md5(g::text), 'hex'), 'POST',
+    '/bench/orders/lease/', 'PROCESSING', decode(md5('lost' || g), 'hex'), now() - interval '5 minutes',
     '[]'::jsonb, '', 1, 0, 1, now() - interval '10 minutes', now() - interval '10 minutes'
 FROM generate_series(1, %(rows)s) AS g
 """
@@ -90,7 +90,8 @@ def execute(sql: str, params: Any = None) -> int:
 
 
 BULK_SCOPE = "'user:' || (g %% 1000) || ':bench.bulk'"
-BULK_HASH = "md5(g::text)"
+# The 16 bytes a record keeps of a request's fingerprint.
+BULK_HASH = "decode(md5(g::text), 'hex')"
 
 
 def fill(

@@ -22,9 +22,9 @@ INSERT INTO {bulk.TABLE} (
 )
 SELECT
     'user:' || (i %% 1000) || ':bench.plans', 'key-' || i, 'bench.plans',
-    md5(i::text) || md5(i::text), 'POST', '/orders/',
+    decode(md5(i::text), 'hex'), 'POST', '/orders/',
     CASE WHEN i %% 200 = 7 THEN 'PROCESSING' ELSE 'SUCCEEDED' END,
-    md5(i::text),
+    decode(md5('owner' || i), 'hex'),
     CASE
         WHEN i %% 1000 = 7 THEN now() - interval '1 minute' - i * interval '1 microsecond'
         WHEN i %% 200 = 7 THEN now() + interval '1 minute' + i * interval '1 microsecond'

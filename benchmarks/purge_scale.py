@@ -253,8 +253,10 @@ def _every(every: int, chosen: str, otherwise: str) -> str:
     return f"CASE WHEN g %% {every} = 0 THEN {chosen} ELSE {otherwise} END"
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''").replace("%", "%%") + "'"
+def _literal(value: str | bytes) -> str:
+    if isinstance(value, bytes):  # a digest column (bytea)
+        return f"'\\x{value.hex()}'::bytea"
+    return "'" + value.replace("'", "''").replace("%", "%%") + "'"
 
 
 def strategies(batch_size: int | None) -> list[Strategy]:

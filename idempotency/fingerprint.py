@@ -9,6 +9,7 @@ from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOpera
 from json.encoder import encode_basestring_ascii as _quote  # what json.dumps(str) returns
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.files.uploadedfile import UploadedFile
 from django.utils.datastructures import MultiValueDict
 
@@ -29,6 +30,32 @@ def fingerprint(parts: Iterable[str | bytes]) -> str:
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()
+
+
+# A record keeps 128 bits of a request's fingerprint: ample to tell two payloads sent
+# with one key apart (a collision by chance is a 2**-64 event after 2**32 payloads
+# under one key), at a quarter of the SHA-256 hexadecimal text's bytes.
+DIGEST_BYTES = 16
+
+
+def digest_of(fingerprint: str | bytes) -> bytes:
+    """The bytes a record keeps of a fingerprint: hexadecimal text, or a digest's bytes.
+
+    ``ImproperlyConfigured`` for anything shorter than 128 bits or text that is not
+    hexadecimal: a ``FINGERPRINT_FUNCTION`` or ``Operation(request_hash=...)`` that
+    returns another kind of value would otherwise be cut to nonsense silently.
+    """
+    try:
+        digest = bytes.fromhex(fingerprint) if isinstance(fingerprint, str) else bytes(fingerprint)
+    except ValueError:
+        digest = b""
+    if len(digest) < DIGEST_BYTES:
+        raise ImproperlyConfigured(
+            f"A request fingerprint should be a digest of at least {DIGEST_BYTES * 8} bits, "
+            f"as hexadecimal text or bytes (FINGERPRINT_FUNCTION returns SHA-256 hex); got "
+            f"{fingerprint!r:.80}."
+        )
+    return digest[:DIGEST_BYTES]
 
 
 def parse_json(raw: bytes) -> Any:

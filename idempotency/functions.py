@@ -18,7 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency import tracing
 from idempotency.conf import idempotency_settings
-from idempotency.fingerprint import canonical, fingerprint
+from idempotency.fingerprint import canonical, digest_of, fingerprint
 from idempotency.keys import call_key_function, checked_key, validate_key
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.operations import declare
@@ -145,16 +145,18 @@ class CallGuard:
             )
         return scope
 
-    def request_hash(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def request_hash(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         options = self.options
         if options.fingerprint is not None:
             function: Callable[..., Any] = options.fingerprint  # type: ignore[assignment]
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            return fingerprint([canonical(_call(function, bound, args, kwargs))])
+            return digest_of(fingerprint([canonical(_call(function, bound, args, kwargs))]))
         # By name, whether passed positionally or as keywords: f(a, b) is f(x=a, y=b).
         arguments = _named_arguments(self.signature, args, kwargs)
-        return fingerprint([canonical(arguments, include=options.fields, exclude=options.exclude)])
+        return digest_of(
+            fingerprint([canonical(arguments, include=options.fields, exclude=options.exclude)])
+        )
 
 
 def _call(

@@ -52,7 +52,7 @@ class Operation(Protocol):
     @property
     def key(self) -> str: ...
     @property
-    def request_hash(self) -> str: ...
+    def request_hash(self) -> bytes: ...
     @property
     def name(self) -> str: ...
     @property
@@ -61,7 +61,7 @@ class Operation(Protocol):
 
 logger = logging.getLogger("idempotency")
 
-PREFIX = "idempotency:replay:1:"
+PREFIX = "idempotency:replay:2:"
 # Longer than any request takes from reading a record to caching it.
 TOMBSTONE_SECONDS = 300
 # The last seconds of a record's window belong to the database: its clock says when it ends.

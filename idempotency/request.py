@@ -31,7 +31,7 @@ from idempotency.exceptions import (
     KeyMissing,
     ScopeUnavailable,
 )
-from idempotency.fingerprint import canonical, fingerprint, parse_json
+from idempotency.fingerprint import canonical, digest_of, fingerprint, parse_json
 from idempotency.keys import call_key_function, checked_key, parse_key, validate_key
 from idempotency.options import IdempotencyOptions
 from idempotency.protocol import Operation
@@ -174,11 +174,12 @@ def _name_of(function: Callable[..., Any]) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
 
 
-def request_hash(request: AnyRequest, options: IdempotencyOptions) -> str:
+def request_hash(request: AnyRequest, options: IdempotencyOptions) -> bytes:
+    """What the request's record keeps of its fingerprint (``digest_of``)."""
     if options.fingerprint is not None:
         material = _loaded(options.fingerprint, "fingerprint")(request)
-        return fingerprint([material])
-    return fields_hash(request, options.fields, options.exclude)
+        return digest_of(fingerprint([material]))
+    return digest_of(fields_hash(request, options.fields, options.exclude))
 
 
 def fields_hash(

@@ -22,7 +22,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Max, Min
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from idempotency import replay_cache, signals
 from idempotency.conf import idempotency_settings
@@ -83,15 +85,20 @@ def purgeable(
     chosen = _statuses(statuses)
     records = IdempotencyRecord.objects.using(records_database(database))
     if older_than is None:
-        # The partial index idempotency_expires_idx (expires_at IS NOT NULL) serves this.
+        # The index idempotency_expires_idx serves this.
         records = records.filter(
             expires_at__isnull=False, expires_at__lt=Now(), status__in=chosen
         ).order_by("expires_at")
     else:
-        # The index idempotency_created_idx (created_at) serves this.
-        records = records.filter(status__in=chosen, created_at__lt=Now() - older_than).order_by(
-            "created_at"
-        )
+        # Along the primary key, oldest first, up to the first id made since the cut:
+        # ids grow with created_at, so that range holds the rows older than the cut,
+        # with no index of created_at for every create to write (docs/performance.md).
+        # A replaced record keeps its id and gets a new created_at: the filter reads it.
+        records = records.filter(status__in=chosen, created_at__lt=Now() - older_than)
+        since = first_id_since(records.model.objects.using(records.db), older_than)
+        if since is not None:
+            records = records.filter(id__lt=since)
+        records = records.order_by("id")
     if scope:
         records = (
             records.filter(scope__startswith=scope[:-1])
@@ -99,6 +106,30 @@ def purgeable(
             else records.filter(scope=scope)
         )
     return records
+
+
+def first_id_since(records: IdempotencyRecordQuerySet, age: timedelta) -> int | None:
+    """The lowest id of a record made less than ``age`` ago, by bisection of the primary key.
+
+    About 25 reads of one row each on a table of 10^7: where an index of ``created_at``
+    would cost every create an entry to answer it. ``None`` when none is that young.
+    """
+    cut = timezone.now() - age
+    bounds = records.aggregate(low=Min("id"), high=Max("id"))
+    low, high = bounds["low"], bounds["high"]
+    if high is None or records.filter(id=high, created_at__lt=cut).exists():
+        return None
+    rows = records.order_by("id").values_list("id", "created_at")
+    while low < high:  # below low: made before the cut; from high on: since
+        middle = (low + high) // 2
+        found = rows.filter(id__gte=middle, id__lt=high).first()
+        if found is None:
+            high = middle
+        elif found[1] < cut:
+            low = found[0] + 1
+        else:
+            high = found[0]
+    return high
 
 
 def batch(records: IdempotencyRecordQuerySet, size: int) -> IdempotencyRecordQuerySet:
@@ -146,7 +177,7 @@ def _delete_in_batches(
 ) -> int:
     if meter.callback is not None:
         meter.total = candidates.count()
-    ordering = str(candidates.query.order_by[0])  # expires_at, or created_at with older_than
+    ordering = str(candidates.query.order_by[0])  # expires_at, or id with older_than
     deleted = 0
     floor = None  # where the last batch ended, in purge order
     while True:

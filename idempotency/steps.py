@@ -84,7 +84,7 @@ class AttemptLike(Protocol):
 
     operation: Any
     record: IdempotencyRecord
-    owner_token: str
+    owner_token: bytes
 
     def step_key(self, name: str, position: int | None = None) -> str: ...
 

@@ -21,7 +21,6 @@ likely done (the operation's recent durations here), never past its lease.
 from __future__ import annotations
 
 import math
-import secrets
 import statistics
 import threading
 from collections import OrderedDict, deque
@@ -36,7 +35,7 @@ from idempotency import signals
 from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
-from idempotency.protocol.operation import Attempt, Operation
+from idempotency.protocol.operation import Attempt, Operation, new_owner_token
 from idempotency.protocol.states import recover
 from idempotency.resolvers import resolver_for
 from idempotency.stores import Candidate, Found
@@ -67,7 +66,7 @@ def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
     after a lost lease the resolver could not settle, answered "in use" once the
     transaction has committed what recovery wrote).
     """
-    token = secrets.token_hex(16)
+    token = new_owner_token()
     found = _claim_in_one_statement(operation, token) if one_statement else None
     if found is None:
         store = operation.store
@@ -85,7 +84,7 @@ def claim_committed(operation: Operation) -> Claimed:
     """
     connection = transaction.get_connection(operation.database)
     if connection.get_autocommit():
-        token = secrets.token_hex(16)
+        token = new_owner_token()
         found = _claim_in_one_statement(operation, token)
         if found is not None:
             return _settle(operation, found, token)
@@ -95,7 +94,7 @@ def claim_committed(operation: Operation) -> Claimed:
         return claim(operation)
 
 
-def _settle(operation: Operation, found: Found, token: str) -> Claimed:
+def _settle(operation: Operation, found: Found, token: bytes) -> Claimed:
     """What the record found (or inserted) under the key means for this request."""
     record = found.record
     if record.owner_token == token:
@@ -126,7 +125,7 @@ def _lease_lost(found: Found) -> bool:
     )
 
 
-def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: str) -> Claimed:
+def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: bytes) -> Claimed:
     """Never re-run blindly: the first attempt may have had its effect. Ask the resolver."""
     _, recovered = recover(record, resolver_for(operation.name, operation.resolver))
     if recovered.status in REPLAYABLE:
@@ -137,7 +136,7 @@ def _after_lost_lease(operation: Operation, record: IdempotencyRecord, token: st
     return None, operation.store.lock(recovered.pk)
 
 
-def _claim_in_one_statement(operation: Operation, token: str) -> Found | None:
+def _claim_in_one_statement(operation: Operation, token: bytes) -> Found | None:
     """The new record, or a committed one that can be answered without a lock.
 
     That is a replayable outcome (``SUCCEEDED`` and ``FAILED_FINAL`` never
@@ -164,7 +163,7 @@ def _claim_in_one_statement(operation: Operation, token: str) -> Found | None:
     return None
 
 
-def candidate_of(operation: Operation, token: str) -> Candidate:
+def candidate_of(operation: Operation, token: bytes) -> Candidate:
     return Candidate(
         scope=operation.scope,
         idem_key=operation.key,
@@ -176,7 +175,7 @@ def candidate_of(operation: Operation, token: str) -> Candidate:
     )
 
 
-def _insert_or_lock(operation: Operation, token: str) -> Found:
+def _insert_or_lock(operation: Operation, token: bytes) -> Found:
     candidate = candidate_of(operation, token)
     for _ in range(3):
         found = operation.store.insert_or_lock(candidate)
@@ -189,7 +188,7 @@ def _insert_or_lock(operation: Operation, token: str) -> Found:
 def _claimed(
     operation: Operation,
     record: IdempotencyRecord,
-    token: str,
+    token: bytes,
     *,
     reclaimed: bool = False,
     replaced: bool = False,
@@ -208,7 +207,7 @@ def _claimed(
 
 
 def _reclaim(
-    operation: Operation, record: IdempotencyRecord, token: str, fresh: Candidate | None = None
+    operation: Operation, record: IdempotencyRecord, token: bytes, fresh: Candidate | None = None
 ) -> IdempotencyRecord:
     """Hand the locked record to ``token``; with ``fresh``, as the new request's first attempt."""
     reclaimed = operation.store.reclaim(record, token, lease=operation.lease, fresh=fresh)

@@ -15,7 +15,6 @@ repeats are frequent (``READ_FIRST``), or from the replay cache.
 from __future__ import annotations
 
 import re
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -54,7 +53,7 @@ from idempotency.protocol.claim import (
     record_duration,
     waiters,
 )
-from idempotency.protocol.operation import Attempt, Operation
+from idempotency.protocol.operation import Attempt, Operation, new_owner_token
 from idempotency.settings_checks import validate_settings
 from idempotency.steps import running_attempt
 from idempotency.stores import Candidate, Found
@@ -279,7 +278,7 @@ def _execute_written_once(
     lands. A key held by a record that is not a live outcome (in flight in another
     mode, retryable, expired) takes the claim's path, which decides those.
     """
-    token = secrets.token_hex(16)
+    token = new_owner_token()
     new = candidate_of(operation, token)
     attempt = Attempt(operation=operation, record=operation.store.unsaved(new), owner_token=token)
     database = operation.database

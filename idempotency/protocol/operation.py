@@ -10,6 +10,7 @@ written as, the record's columns, is said once here (``Attempt.columns``,
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
+from idempotency.fingerprint import DIGEST_BYTES, digest_of
 from idempotency.models import IdempotencyRecord
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.resolvers import ResolverSpec
@@ -33,7 +35,8 @@ class Operation:
 
     scope: str
     key: str
-    request_hash: str
+    # The fingerprint: its first 128 bits are kept (hexadecimal text is taken too).
+    request_hash: bytes
     name: str = ""
     method: str = ""
     path: str = ""
@@ -63,7 +66,7 @@ class Operation:
 
     @classmethod
     def of(
-        cls, options: Any, scope: str, key: str, request_hash: str, name: str, **where: str
+        cls, options: Any, scope: str, key: str, request_hash: str | bytes, name: str, **where: str
     ) -> Operation:
         """The operation of one call made with an entry point's ``options``.
 
@@ -74,7 +77,7 @@ class Operation:
         return cls(
             scope=scope,
             key=key,
-            request_hash=request_hash,
+            request_hash=request_hash,  # type: ignore[arg-type]  # made bytes by __post_init__
             name=name,
             mode=options.mode or idempotency_settings.MODE,  # type: ignore[arg-type]  # checked: E006
             lease_seconds=options.lease_seconds,
@@ -88,6 +91,7 @@ class Operation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
+        object.__setattr__(self, "request_hash", digest_of(self.request_hash))
         database = records_database(self.using, scope=self.scope)
         object.__setattr__(self, "database", database)
         object.__setattr__(self, "store", store_for(database))
@@ -141,13 +145,18 @@ def bounded_scope(scope: str) -> str:
     return f"{scope[: width - len(digest) - 1]}#{digest}"
 
 
+def new_owner_token() -> bytes:
+    """The random token of a new attempt: only the attempt holding it may write its record."""
+    return secrets.token_bytes(DIGEST_BYTES)
+
+
 @dataclass
 class Attempt:
     """The claim held by the running work; lets long work renew its lease."""
 
     operation: Operation
     record: IdempotencyRecord
-    owner_token: str
+    owner_token: bytes
     resource_id: str = ""
     started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
 

@@ -21,7 +21,6 @@ nowhere.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,7 +29,7 @@ from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import TransitionNotAllowed
 from idempotency.models import PURGEABLE, IdempotencyRecord, Status
 from idempotency.outcomes import Recovered, StoredResponse
-from idempotency.protocol.operation import response_columns
+from idempotency.protocol.operation import new_owner_token, response_columns
 from idempotency.resolvers import Resolution, Resolver, ask
 from idempotency.stores import records_database, store_for
 
@@ -201,7 +200,7 @@ def transition(
     moved = store_for(database).settle(
         record,
         target,
-        secrets.token_hex(16),
+        new_owner_token(),
         expires_in=None if target == NEEDS_REVIEW else retention_for(record.operation, target),
         columns=columns,
         recovered=recovery_attempt,

@@ -122,10 +122,10 @@ class Candidate(NamedTuple):
     scope: str
     idem_key: str
     operation: str
-    request_hash: str
+    request_hash: bytes
     request_method: str
     request_path: str
-    owner_token: str
+    owner_token: bytes
 
 
 def transaction_pooled(alias: str) -> bool:
@@ -228,7 +228,7 @@ class Store(ABC):
     def reclaim(
         self,
         record: IdempotencyRecord,
-        token: str,
+        token: bytes,
         *,
         lease: timedelta | None,
         fresh: Candidate | None = None,
@@ -291,12 +291,12 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def renew(self, pk: int, token: str, lease: timedelta) -> bool:
+    def renew(self, pk: int, token: bytes, lease: timedelta) -> bool:
         """Set the lease to end ``lease`` from now, by the database clock."""
 
     @abstractmethod
     def finish(
-        self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
+        self, pk: int, token: bytes, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
         """Record the outcome: ``values`` by field name, no lease, completed now.
 
@@ -307,11 +307,11 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
+    def release(self, pk: int, token: bytes, expires_in: timedelta | None) -> bool:
         """Leave the record ``FAILED_RETRYABLE``: the same request may claim it again."""
 
     @abstractmethod
-    def discard(self, pk: int, token: str) -> bool:
+    def discard(self, pk: int, token: bytes) -> bool:
         """Delete the record and its steps: nothing was recorded and the key is free again."""
 
     # Duplicates that wait for an in-flight attempt's outcome
@@ -385,7 +385,7 @@ class Store(ABC):
         self,
         seen: IdempotencyRecord,
         status: str,
-        token: str,
+        token: bytes,
         *,
         expires_in: timedelta | None,
         columns: dict[str, Any],
@@ -413,7 +413,7 @@ class Store(ABC):
     # Calls to other idempotent APIs (``idempotency.steps``): a request's seed, its steps
 
     @abstractmethod
-    def seed(self, pk: int, token: str | None = None) -> str | None:
+    def seed(self, pk: int, token: bytes | None = None) -> str | None:
         """The seed of the request record ``pk`` holds now, if one was written.
 
         With ``token``, only while that owner holds the record in flight (fenced).
@@ -424,7 +424,7 @@ class Store(ABC):
         """When the seed of the request record ``pk`` holds now was written, if it was."""
 
     @abstractmethod
-    def plant_seed(self, pk: int, token: str, seed: str) -> str | None:
+    def plant_seed(self, pk: int, token: bytes, seed: str) -> str | None:
         """Write ``seed`` for the request ``token`` holds, unless it has one: the seed it keeps.
 
         Opens and commits a transaction of its own, the record locked: a seed must
@@ -440,7 +440,7 @@ class Store(ABC):
     def record_step(
         self,
         pk: int,
-        token: str,
+        token: bytes,
         *,
         name: str,
         position: int | None,

@@ -87,7 +87,7 @@ class GenericStore(Store):
     def reclaim(
         self,
         record: IdempotencyRecord,
-        token: str,
+        token: bytes,
         *,
         lease: timedelta | None,
         fresh: Candidate | None = None,
@@ -129,11 +129,11 @@ class GenericStore(Store):
     def contention(self, error: DatabaseError) -> Contention | None:
         return "busy" if any(message in str(error) for message in _SQLITE_BUSY) else None
 
-    def renew(self, pk: int, token: str, lease: timedelta) -> bool:
+    def renew(self, pk: int, token: bytes, lease: timedelta) -> bool:
         return bool(self.owned(pk, token).update(lease_until=Now() + Value(lease)))
 
     def finish(
-        self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
+        self, pk: int, token: bytes, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
         return bool(
             self.owned(pk, token).update(
@@ -168,7 +168,7 @@ class GenericStore(Store):
         record.completed_at = record.expires_at = None  # the database's clock: not read back
         return record
 
-    def release(self, pk: int, token: str, expires_in: timedelta | None) -> bool:
+    def release(self, pk: int, token: bytes, expires_in: timedelta | None) -> bool:
         return bool(
             self.owned(pk, token).update(
                 status=Status.FAILED_RETRYABLE,
@@ -179,7 +179,7 @@ class GenericStore(Store):
             )
         )
 
-    def discard(self, pk: int, token: str) -> bool:
+    def discard(self, pk: int, token: bytes) -> bool:
         if cascades(self.connection):
             deleted, _ = self.owned(pk, token).delete()
             return bool(deleted)
@@ -214,7 +214,7 @@ class GenericStore(Store):
         self,
         seen: IdempotencyRecord,
         status: str,
-        token: str,
+        token: bytes,
         *,
         expires_in: timedelta | None,
         columns: dict[str, Any],
@@ -253,7 +253,7 @@ class GenericStore(Store):
 
     # Steps
 
-    def seed(self, pk: int, token: str | None = None) -> str | None:
+    def seed(self, pk: int, token: bytes | None = None) -> str | None:
         seeds = self.current_seed(pk)
         if token is not None:
             seeds = seeds.filter(record__owner_token=token, record__status=Status.PROCESSING)
@@ -268,7 +268,7 @@ class GenericStore(Store):
             record_id=pk, step_key="", request_started=F("record__created_at")
         )
 
-    def plant_seed(self, pk: int, token: str, seed: str) -> str | None:
+    def plant_seed(self, pk: int, token: bytes, seed: str) -> str | None:
         with transaction.atomic(using=self.alias):
             started = self._request_started(pk, token)
             if started is None:
@@ -291,7 +291,7 @@ class GenericStore(Store):
     def record_step(
         self,
         pk: int,
-        token: str,
+        token: bytes,
         *,
         name: str,
         position: int | None,
@@ -316,7 +316,7 @@ class GenericStore(Store):
                 pass  # recorded already by this attempt (a step taken twice): the first stays
         return True
 
-    def _request_started(self, pk: int, token: str) -> Any:
+    def _request_started(self, pk: int, token: bytes) -> Any:
         """The ``created_at`` of the request ``token`` holds in flight, its record locked."""
         owned = self.owned(pk, token).select_for_update()
         return owned.values_list("created_at", flat=True).first()
@@ -382,7 +382,7 @@ class GenericStore(Store):
         record = records.first()
         return None if record is None else found(record)
 
-    def owned(self, pk: int, token: str) -> IdempotencyRecordQuerySet:
+    def owned(self, pk: int, token: bytes) -> IdempotencyRecordQuerySet:
         """The record, only while ``token`` still holds it (fencing)."""
         return self.records().filter(pk=pk, owner_token=token, status=Status.PROCESSING)
 

@@ -186,7 +186,7 @@ class PostgresStore(PostgresNotifications):
         return "retry" if state in _RETRY else None
 
     def finish(
-        self, pk: int, token: str, values: dict[str, Any], expires_in: timedelta | None
+        self, pk: int, token: bytes, values: dict[str, Any], expires_in: timedelta | None
     ) -> bool:
         names = tuple(values)
         # Every value goes as text, bytes or a number: the JSON column's as its text, cast
@@ -201,7 +201,7 @@ class PostgresStore(PostgresNotifications):
             cursor.execute(self.sql.finish(names, expires_in is not None), params)
             return bool(cursor.rowcount)
 
-    def discard(self, pk: int, token: str) -> bool:
+    def discard(self, pk: int, token: bytes) -> bool:
         with self._cursor() as cursor:
             cursor.execute(self.sql.discard, (pk, token))
             (deleted,) = cursor.fetchone()
@@ -461,7 +461,8 @@ class PostgresStatements:
         column = self._quote(field(ordering).column)
         purgeable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
         pk, scope, key = self.column("id"), self.column("scope"), self.column("idem_key")
-        returned = f"{column}, {pk}" + (f", {scope}, {key}" if keys else "")
+        # Each column once: the ordering may be the primary key (purge --older-than).
+        returned = ", ".join(dict.fromkeys([column, pk, *((scope, key) if keys else ())]))
         pairs = f", array_agg({scope}), array_agg({key})" if keys else ""
         return (
             f"WITH picked AS MATERIALIZED (SELECT ARRAY({ctids}) AS ctids), "

@@ -59,3 +59,9 @@ def drop_cascade(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
         schema_editor.execute(
             f"ALTER TABLE {step_table} DROP FOREIGN KEY idempotency_step_record_fk"
         )
+
+
+def add_cascade_lost_with_the_table(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Put back SQLite's trigger after a migration remade the records table (which drops it)."""
+    if schema_editor.connection.vendor == "sqlite":
+        add_cascade(apps, schema_editor)

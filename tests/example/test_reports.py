@@ -53,7 +53,7 @@ def lose_lease(key: str = "report-1") -> None:
     """As if the worker that held the record had died (its lease ran out)."""
     IdempotencyRecord.objects.filter(idem_key=key).update(
         status=Status.PROCESSING,
-        owner_token="dead-worker",
+        owner_token=b"dead-worker",
         lease_until=Now() - timedelta(seconds=1),
         response_status=None,
         response_body=None,

@@ -73,7 +73,7 @@ def hold(key: str = "key-1", seconds: float = 30.0) -> None:
     waiting.durations = waiting.Durations()
     IdempotencyRecord.objects.filter(idem_key=key).update(
         status=Status.PROCESSING,
-        owner_token="another-attempt",
+        owner_token=b"another-attempt",
         lease_until=Now() + timedelta(seconds=seconds),
         response_status=None,
         response_body=None,

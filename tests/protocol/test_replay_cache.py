@@ -130,7 +130,7 @@ def test_an_entry_planted_under_another_scope_is_never_served(user, cache):
     mine = IdempotencyRecord.objects.get()
     other = UserFactory()
     forged = {**cached_entry(cache, mine), "scope": f"user:{other.pk}:orders"}
-    operation = Operation(scope=f"user:{other.pk}:orders", key="mine", request_hash="x")
+    operation = Operation(scope=f"user:{other.pk}:orders", key="mine", request_hash="0" * 32)
     cache.set(replay_cache.cache_key("default", operation.scope, "mine"), forged)
     assert replay_cache.lookup(operation) is None
     response = post(client_for(other), key="mine")
@@ -139,7 +139,7 @@ def test_an_entry_planted_under_another_scope_is_never_served(user, cache):
 
 
 def _operation(key: str, mode: str = "lease") -> Operation:
-    return Operation(scope="consumer:a", key=key, request_hash="h" * 64, name="t", mode=mode)  # type: ignore[arg-type]
+    return Operation(scope="consumer:a", key=key, request_hash="ab" * 16, name="t", mode=mode)  # type: ignore[arg-type]
 
 
 def _outcome(status: Status = Status.SUCCEEDED) -> Outcome:

@@ -11,7 +11,7 @@ from django.dispatch import Signal
 
 from idempotency import signals
 from idempotency.exceptions import KeyInUse, KeyReused, KeyUnderReview
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Operation
@@ -84,7 +84,10 @@ def test_claim(capture):
 
 def test_reclaim_of_a_retryable_record(capture):
     IdempotencyRecordFactory(
-        failed_retryable=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+        failed_retryable=True,
+        scope="user:1:orders.create",
+        idem_key=KEY,
+        request_hash=digest_of(HASH),
     )
     claimed = capture(signals.record_claimed)
     run(operation())
@@ -126,7 +129,7 @@ def test_replay(capture):
 
 def test_in_flight_conflict(capture):
     IdempotencyRecordFactory(
-        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=digest_of(HASH)
     )
     in_use = capture(signals.key_in_use)
     with pytest.raises(KeyInUse):
@@ -143,7 +146,7 @@ def test_key_reuse(capture):
     with pytest.raises(KeyReused):
         run(other)
     (event,) = reused
-    assert event["operation"] == other and event["record"].request_hash == HASH
+    assert event["operation"] == other and event["record"].request_hash == digest_of(HASH)
 
 
 def test_recovery_outcome(capture, settings):
@@ -210,7 +213,7 @@ def test_logger_names_the_key_at_debug_only(caplog):
 def test_logger_logs_conflicts_recovery_and_purge(caplog, settings):
     caplog.set_level(logging.INFO, logger="idempotency")
     IdempotencyRecordFactory(
-        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+        in_flight=True, scope="user:1:orders.create", idem_key=KEY, request_hash=digest_of(HASH)
     )
     with pytest.raises(KeyInUse):
         run(operation("lease"))
@@ -227,7 +230,7 @@ def test_logger_logs_conflicts_recovery_and_purge(caplog, settings):
 def test_logger_warns_of_a_client_waiting_on_a_review(caplog):
     caplog.set_level(logging.INFO, logger="idempotency")
     IdempotencyRecordFactory(
-        needs_review=True, scope="user:1:orders.create", idem_key=KEY, request_hash=HASH
+        needs_review=True, scope="user:1:orders.create", idem_key=KEY, request_hash=digest_of(HASH)
     )
     with pytest.raises(KeyUnderReview):
         run(operation("lease"))

@@ -401,7 +401,7 @@ class TestRetryAfterOverHttp:
         """As if another attempt had run ``running`` seconds, ``lease`` seconds of lease left."""
         IdempotencyRecord.objects.filter(idem_key=key).update(
             status=Status.PROCESSING,
-            owner_token="another-attempt",
+            owner_token=b"another-attempt",
             lease_until=Now() + timedelta(seconds=lease),
             updated_at=Now() - timedelta(seconds=running),
             response_status=None,
@@ -458,7 +458,7 @@ class TestWhenNotToWait:
     def hold(self, lease: float) -> None:
         IdempotencyRecord.objects.filter(idem_key="no-wait").update(
             status=Status.PROCESSING,
-            owner_token="another-attempt",
+            owner_token=b"another-attempt",
             lease_until=Now() + timedelta(seconds=lease),
         )
 
@@ -495,8 +495,8 @@ class TestStoresWait:
         return IdempotencyRecord.objects.create(
             scope="user:1:tests.store_wait",
             idem_key="store-wait",
-            request_hash="0" * 64,
-            owner_token="a" * 32,
+            request_hash=bytes(16),
+            owner_token=b"a" * 16,
             lease_until=timezone.now() + timedelta(seconds=lease),
         )
 

@@ -8,7 +8,6 @@ worker died, ``succeeded=True`` one whose response is stored for replay.
 from __future__ import annotations
 
 import json
-import secrets
 from datetime import timedelta
 
 import factory
@@ -16,8 +15,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from factory.django import DjangoModelFactory
 
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.protocol.operation import new_owner_token
 
 
 def _ago(seconds: float) -> object:
@@ -47,11 +47,11 @@ class IdempotencyRecordFactory(DjangoModelFactory):
     scope = factory.Sequence(lambda n: f"user:{n}:tests.operation")
     idem_key = factory.Sequence(lambda n: f"key-{n}")
     operation = "tests.operation"
-    request_hash = factory.Sequence(lambda n: fingerprint([f"request-{n}"]))
+    request_hash = factory.Sequence(lambda n: digest_of(fingerprint([f"request-{n}"])))
     request_method = "POST"
     request_path = "/orders/"
     status = Status.PROCESSING
-    owner_token = factory.LazyFunction(lambda: secrets.token_hex(16))
+    owner_token = factory.LazyFunction(new_owner_token)
 
     class Params:
         # A lease-mode request still running: its owner is presumed alive.

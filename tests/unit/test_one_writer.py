@@ -27,7 +27,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import idempotency
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.protocol import Operation
 from idempotency.protocol.execute import execute
@@ -201,8 +201,8 @@ def test_every_write_of_every_path_is_sent_by_a_store(rf, admin_user):
         lost = IdempotencyRecord.objects.create(
             scope="user:1",
             idem_key="k5",
-            request_hash=fingerprint(["a"]),
-            owner_token="a" * 32,
+            request_hash=digest_of(fingerprint(["a"])),
+            owner_token=b"a" * 16,
             lease_until=timezone.now() - timedelta(minutes=1),
         )
         recover_expired()

@@ -17,7 +17,9 @@ from idempotency.models import IdempotencyRecord, Status
 from idempotency.protocol import Operation
 from tests.support.processes import ROOT, process_env, python
 
-OPERATION = Operation(scope="user:1:orders.create", key="k-1", request_hash="h", name="orders")
+OPERATION = Operation(
+    scope="user:1:orders.create", key="k-1", request_hash="ab" * 16, name="orders"
+)
 RECORD = IdempotencyRecord(scope=OPERATION.scope, idem_key="k-1", status=Status.SUCCEEDED)
 
 

@@ -98,7 +98,7 @@ def pay(order: str) -> str:
         # As a killed worker leaves it: no outcome, no release (its token is gone), and a
         # lease that runs out.
         IdempotencyRecord.objects.filter(idem_key=order).update(
-            owner_token="killed", lease_until=timezone.now() - timedelta(seconds=1)
+            owner_token=b"killed", lease_until=timezone.now() - timedelta(seconds=1)
         )
         raise SystemExit("killed after the provider answered")
     return key

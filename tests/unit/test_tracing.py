@@ -14,7 +14,7 @@ from opentelemetry.trace import StatusCode
 from rest_framework.test import APIClient
 
 from idempotency import KeyInUse, KeyUnderReview, LeaseLost, Resolution, idempotent_function
-from idempotency.fingerprint import canonical, fingerprint
+from idempotency.fingerprint import canonical, digest_of, fingerprint
 from idempotency.models import IdempotencyRecord
 from idempotency.tracing import key_digest
 from tests.support.factories import IdempotencyRecordFactory, UserFactory
@@ -139,9 +139,9 @@ def test_a_key_under_review(db):
     assert span.status.status_code == StatusCode.UNSET  # the client's answer, not a failure
 
 
-def _hash_of_no_arguments() -> str:
+def _hash_of_no_arguments() -> bytes:
     # The arguments by name (idempotency.functions): none here.
-    return fingerprint([canonical({})])
+    return digest_of(fingerprint([canonical({})]))
 
 
 def test_a_function_executed_then_replayed(db):
@@ -160,7 +160,7 @@ def test_lease_lost_is_an_error_span():
     @idempotent_function(scope="consumer", key=lambda: "evt-lost", mode="lease")
     def overtaken() -> None:
         # Another worker took the record over while this one ran.
-        IdempotencyRecord.objects.update(owner_token="someone-else")
+        IdempotencyRecord.objects.update(owner_token=b"someone-else")
 
     with pytest.raises(LeaseLost):
         overtaken()

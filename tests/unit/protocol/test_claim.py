@@ -100,7 +100,7 @@ def test_an_expired_record_is_replaced_by_the_new_request():
     attempt, existing = claimed(operation(record, request_hash="c" * 64))
     after = stored(record)
     assert existing is None
-    assert after.status == Status.PROCESSING and after.request_hash == "c" * 64
+    assert after.status == Status.PROCESSING and after.request_hash == bytes.fromhex("c" * 32)
     assert after.response_body is None and after.expires_at is None
     assert attempt.owner_token == after.owner_token
 

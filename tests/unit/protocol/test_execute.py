@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from idempotency.exceptions import (
     LeaseLost,
     OutcomeUnknown,
 )
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
@@ -115,6 +114,7 @@ def existing(trait: str, op: Operation | None = None, **fields: Any) -> Idempote
     op = op or operation()
     defaults = {"scope": op.scope, "idem_key": op.key, "request_hash": op.request_hash}
     defaults.update(fields)
+    defaults["request_hash"] = digest_of(defaults["request_hash"])
     return IdempotencyRecordFactory(**{trait: True}, **defaults)
 
 
@@ -153,10 +153,10 @@ class TestFirstCall:
     def test_record_describes_the_request(self, business):
         business.run()
         stored = record()
-        assert (stored.request_hash, stored.operation) == (HASH, "tests.create_order")
+        assert (stored.request_hash, stored.operation) == (digest_of(HASH), "tests.create_order")
         assert (stored.request_method, stored.request_path) == ("POST", "/orders/")
         assert stored.attempts == 1
-        assert len(stored.owner_token) == 32
+        assert len(stored.owner_token) == 16
         assert stored.lease_until is None
         assert stored.completed_at is not None
 
@@ -423,14 +423,14 @@ class TestLeaseMode:
         def overtaken(attempt: Attempt) -> Order:
             # Recovery took the record over while this worker was slow.
             IdempotencyRecord.objects.filter(pk=attempt.record.pk).update(
-                owner_token="recovery-token", lease_until=timezone.now() + timedelta(minutes=1)
+                owner_token=b"recovery-token", lease_until=timezone.now() + timedelta(minutes=1)
             )
             return business.work(attempt)
 
         with pytest.raises(LeaseLost):
             business.run(self.lease_op(), work=overtaken)
         stored = record()
-        assert stored.owner_token == "recovery-token"
+        assert stored.owner_token == b"recovery-token"
         assert stored.status == Status.PROCESSING
         assert stored.response_status is None
         assert stored.completed_at is None
@@ -459,7 +459,7 @@ class TestLeaseMode:
 
     def test_renew_by_a_stale_owner_is_refused(self, business):
         def overtaken(attempt: Attempt) -> Order:
-            IdempotencyRecord.objects.filter(pk=attempt.record.pk).update(owner_token="other")
+            IdempotencyRecord.objects.filter(pk=attempt.record.pk).update(owner_token=b"other")
             attempt.renew()
             return business.work(attempt)
 
@@ -600,7 +600,7 @@ class TestOperation:
             business.run(operation(key=f"k{index}"))
             tokens.add(record(operation(key=f"k{index}")).owner_token)
         assert len(tokens) == 5
-        assert all(len(token) == len(secrets.token_hex(16)) for token in tokens)
+        assert all(isinstance(token, bytes) and len(token) == 16 for token in tokens)
 
 
 # --- an atomic attempt writes to one database (the write guard) ----------------------------

@@ -25,7 +25,7 @@ from django.utils import timezone
 import idempotency
 from idempotency import signals, stores
 from idempotency.exceptions import KeyInUse
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Operation
@@ -38,7 +38,7 @@ from tests.support.factories import IdempotencyRecordFactory
 from tests.support.threads import in_thread
 
 PACKAGE = Path(idempotency.__file__).resolve().parent
-HASH = fingerprint(["POST", "/things/", "{}"])
+HASH = digest_of(fingerprint(["POST", "/things/", "{}"]))
 DONE = Outcome(Status.SUCCEEDED, StoredResponse(201, [], b"made"))
 LEASE = timedelta(seconds=30)
 JOIN_TIMEOUT = 20.0
@@ -125,13 +125,13 @@ def store(request: pytest.FixtureRequest) -> Store:
     return available[request.param]
 
 
-def candidate(token: str = "a" * 32, key: str = "k-1") -> Candidate:
+def candidate(token: bytes = b"a" * 16, key: str = "k-1") -> Candidate:
     return Candidate("user:1:things", key, "things.create", HASH, "POST", "/things/", token)
 
 
 @pytest.mark.django_db
 class TestContract:
-    def insert(self, store: Store, token: str = "a" * 32) -> Found:
+    def insert(self, store: Store, token: bytes = b"a" * 16) -> Found:
         with transaction.atomic():
             found = store.insert_or_lock(candidate(token))
         assert found is not None
@@ -139,11 +139,11 @@ class TestContract:
 
     def test_insert_or_lock_inserts_then_hands_back_the_holder(self, store):
         first = self.insert(store)
-        assert first.record.owner_token == "a" * 32
+        assert first.record.owner_token == b"a" * 16
         assert first.record.status == Status.PROCESSING
         assert first.lease_remaining is None and first.expired is False
-        second = self.insert(store, token="b" * 32).record
-        assert (second.pk, second.owner_token) == (first.record.pk, "a" * 32)
+        second = self.insert(store, token=b"b" * 16).record
+        assert (second.pk, second.owner_token) == (first.record.pk, b"a" * 16)
         assert IdempotencyRecord.objects.count() == 1
 
     def test_what_the_store_judged_is_not_left_on_the_record(self, store):
@@ -158,13 +158,13 @@ class TestContract:
         if found is None:  # a store without a one-statement claim
             return
         claimed = found.record
-        assert claimed.owner_token == "a" * 32
+        assert claimed.owner_token == b"a" * 16
         assert claimed.lease_until is not None
         assert claimed._state.db == DEFAULT_DB_ALIAS and not claimed._state.adding
         assert IdempotencyRecord.objects.get().lease_until == claimed.lease_until
-        existing = store.claim(candidate("b" * 32), lease=None, lock_timeout=1.0)
+        existing = store.claim(candidate(b"b" * 16), lease=None, lock_timeout=1.0)
         assert existing is not None and existing.record.pk == claimed.pk
-        assert existing.record.owner_token == "a" * 32 and existing.expired is False
+        assert existing.record.owner_token == b"a" * 16 and existing.expired is False
 
     def test_the_owners_writes_are_fenced_by_its_token(self, store):
         record = self.insert(store).record
@@ -175,14 +175,14 @@ class TestContract:
             "response_body": b"made",
             "resource_id": "1",
         }
-        assert not store.renew(record.pk, "b" * 32, LEASE)
-        assert not store.finish(record.pk, "b" * 32, values, None)
-        assert not store.release(record.pk, "b" * 32, None)
-        assert not store.discard(record.pk, "b" * 32)
+        assert not store.renew(record.pk, b"b" * 16, LEASE)
+        assert not store.finish(record.pk, b"b" * 16, values, None)
+        assert not store.release(record.pk, b"b" * 16, None)
+        assert not store.discard(record.pk, b"b" * 16)
         assert IdempotencyRecord.objects.get().version == 1  # nothing landed
 
-        assert store.renew(record.pk, "a" * 32, LEASE)
-        assert store.finish(record.pk, "a" * 32, values, timedelta(days=1))
+        assert store.renew(record.pk, b"a" * 16, LEASE)
+        assert store.finish(record.pk, b"a" * 16, values, timedelta(days=1))
         finished = IdempotencyRecord.objects.get()
         assert finished.status == Status.SUCCEEDED
         assert bytes(finished.response_body) == b"made"
@@ -190,22 +190,22 @@ class TestContract:
         assert finished.lease_until is None and finished.completed_at is not None
         assert finished.expires_at > finished.completed_at
         assert finished.version == 2
-        assert not store.finish(record.pk, "a" * 32, values, None)  # once only
+        assert not store.finish(record.pk, b"a" * 16, values, None)  # once only
 
     def test_release_then_reclaim_then_discard(self, store):
         record = self.insert(store).record
-        assert store.release(record.pk, "a" * 32, timedelta(hours=1))
+        assert store.release(record.pk, b"a" * 16, timedelta(hours=1))
         released = IdempotencyRecord.objects.get()
         assert released.status == Status.FAILED_RETRYABLE
         assert released.expires_at is not None
         with transaction.atomic():
-            store.reclaim(store.lock(record.pk).record, "c" * 32, lease=LEASE)
+            store.reclaim(store.lock(record.pk).record, b"c" * 16, lease=LEASE)
         found = store_for(DEFAULT_DB_ALIAS).lock(record.pk)
         reclaimed = found.record
-        assert (reclaimed.status, reclaimed.owner_token) == (Status.PROCESSING, "c" * 32)
+        assert (reclaimed.status, reclaimed.owner_token) == (Status.PROCESSING, b"c" * 16)
         assert reclaimed.attempts == 2 and reclaimed.expires_at is None
         assert found.lease_remaining is not None and found.lease_remaining > timedelta(0)
-        assert store.discard(record.pk, "c" * 32)
+        assert store.discard(record.pk, b"c" * 16)
         assert not IdempotencyRecord.objects.exists()
 
     def expired(self, status: Status = Status.SUCCEEDED, **values: Any) -> IdempotencyRecord:
@@ -214,7 +214,7 @@ class TestContract:
             idem_key="k-1",
             succeeded=True,
             status=status,
-            request_hash=fingerprint(["another request"]),
+            request_hash=digest_of(fingerprint(["another request"])),
             expires_at=timezone.now() - timedelta(seconds=1),
             **values,
         )
@@ -235,9 +235,9 @@ class TestContract:
         record = self.expired(status)
         with transaction.atomic():
             assert store.lock(record.pk).expired is expired
-            held = store.insert_or_lock(candidate("b" * 32))
+            held = store.insert_or_lock(candidate(b"b" * 16))
             assert held is not None and held.expired is expired
-        claimed = store.claim(candidate("b" * 32), lease=None, lock_timeout=1.0)
+        claimed = store.claim(candidate(b"b" * 16), lease=None, lock_timeout=1.0)
         if claimed is not None:  # the one-statement claim reads it as the lock does
             assert claimed.record.pk == record.pk and claimed.expired is expired
         IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
@@ -256,11 +256,11 @@ class TestContract:
         record = self.expired(attempts=3, recovery_attempts=2)
         with transaction.atomic():
             locked = store.lock(record.pk).record
-            assert store.reclaim(locked, "c" * 32, lease=LEASE, fresh=candidate())
+            assert store.reclaim(locked, b"c" * 16, lease=LEASE, fresh=candidate())
         fresh = IdempotencyRecord.objects.get()
         assert (fresh.status, fresh.owner_token, fresh.request_hash) == (
             Status.PROCESSING,
-            "c" * 32,
+            b"c" * 16,
             HASH,
         )
         assert (fresh.operation, fresh.request_path) == ("things.create", "/things/")
@@ -275,9 +275,9 @@ class TestContract:
         # A record another claim already took over (or one still live) is not taken again.
         record = self.expired()
         IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(hours=1))
-        assert not store.reclaim(record, "c" * 32, lease=None, fresh=candidate())
+        assert not store.reclaim(record, b"c" * 16, lease=None, fresh=candidate())
         IdempotencyRecord.objects.update(status=Status.PROCESSING, expires_at=None)
-        assert not store.reclaim(record, "c" * 32, lease=None, fresh=candidate())
+        assert not store.reclaim(record, b"c" * 16, lease=None, fresh=candidate())
         assert IdempotencyRecord.objects.get().owner_token == record.owner_token
 
     def test_delete_batch_deletes_the_batch_only(self, store):

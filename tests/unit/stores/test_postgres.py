@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from idempotency.conf import retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
-from idempotency.fingerprint import fingerprint
+from idempotency.fingerprint import digest_of, fingerprint
 from idempotency.models import IdempotencyRecord, Status
 from idempotency.outcomes import Outcome, StoredResponse
 from idempotency.protocol import Attempt, Operation
@@ -76,7 +76,7 @@ def test_a_retry_after_a_failure_runs_under_the_callers_own_lock_timeout(mode):
         failed_retryable=True,
         scope=operation().scope,
         idem_key=operation().key,
-        request_hash=HASH,
+        request_hash=digest_of(HASH),
     )
     seen = []
     with transaction.atomic():
