@@ -19,6 +19,9 @@ from benchmarks.floor import (
 )
 from benchmarks.http_scenarios import (
     LEASE_SLOW_WAITING,
+    ORDER_GET,
+    ORDER_GET_CACHED,
+    ORDER_GET_PREPARED,
     OURS,
     OURS_CACHED,
     OURS_PREPARED,
@@ -102,7 +105,7 @@ def render(results: Results) -> str:
         "",
         _http_table(first),
         "",
-        "## Replays of recorded keys, alternating with fresh creates",
+        "## Replays of recorded keys, alternating with fresh creates and an order's GET",
         "",
         _http_table(replays),
         "",
@@ -171,6 +174,7 @@ def _ratios(results: Results) -> list[Ratio]:
             _paired(first, OURS_CACHED.name, ours),
         ),
     ]
+    ratios += _stack_floor_ratios(results.replays)
     ratios += _written_once_ratios(results)
     ratios += _floor_ratios(results.floor)
     ratios += _hot_ratios(results.hot, results.alternatives)
@@ -198,6 +202,34 @@ def _ratios(results: Results) -> list[Ratio]:
             )
         )
     return [ratio for ratio in ratios if not math.isnan(ratio.value)]
+
+
+def _stack_floor_ratios(replays: dict[str, list[Sample]]) -> list[Ratio]:
+    """What a replay costs against the cheapest request of its own stack, on its own server.
+
+    A cost is the inverse of throughput: the GET's throughput over the replay's,
+    per round. Fresh creates are set against the same GET, for scale.
+    """
+    sides = [
+        (OURS.name, ORDER_GET.name, "", ""),
+        (OURS_CACHED.name, ORDER_GET_CACHED.name, CACHED, "<= 1.2"),
+        (OURS_PREPARED.name, ORDER_GET_PREPARED.name, PREPARED, ""),
+        (PLACED_OURS.name, ORDER_GET.name, ": placed order", ""),
+    ]
+    ratios = []
+    for variant, read, label, target in sides:
+        ratios += [
+            Ratio(
+                f"cost: a replay / an order's GET{label}",
+                _paired(replays, read, f"{variant}, replays"),
+                target,
+            ),
+            Ratio(
+                f"cost: a fresh create / an order's GET{label}",
+                _paired(replays, read, f"{variant}, fresh keys"),
+            ),
+        ]
+    return ratios
 
 
 def _written_once_ratios(results: Results) -> list[Ratio]:

@@ -39,6 +39,9 @@ from benchmarks.http_scenarios import (  # noqa: E402
     LEASE,
     LEASE_SLOW,
     LEASE_SLOW_WAITING,
+    ORDER_GET,
+    ORDER_GET_CACHED,
+    ORDER_GET_PREPARED,
     OURS,
     OURS_CACHED,
     OURS_PREPARED,
@@ -139,19 +142,20 @@ def main(argv: list[str] | None = None) -> int:
 def _http(results: Results, plan: Plan, database: Database, env: dict[str, str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     alternatives = [ALTERNATIVES[name] for name in results.alternatives]
-    prepared = {**env, "BENCH_PREPARED": "1"}
+    # Prepared statements are psycopg's (server_side_binding): none on MariaDB.
+    prepared = [] if database.mysql else [PLAIN_PREPARED, OURS_PREPARED]
     cached = [OURS_CACHED] if _redis_answers() else []
     with (
         gunicorn(env, plan.workers, plan.threads, log) as port,
-        gunicorn(prepared, plan.workers, plan.threads, log) as prepared_port,
-        _cached_server(env, plan, log, bool(cached)) as cached_port,
+        _server({**env, "BENCH_PREPARED": "1"}, plan, log, bool(prepared)) as prepared_port,
+        _server({**env, "BENCH_REPLAY_CACHE": "1"}, plan, log, bool(cached)) as cached_port,
     ):
         servers = Servers(
             Target("127.0.0.1", port),
-            Target("127.0.0.1", prepared_port),
+            Target("127.0.0.1", prepared_port or port),
             Target("127.0.0.1", cached_port) if cached_port else None,
         )
-        variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, PLAIN_PREPARED, OURS_PREPARED, LEASE]
+        variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, *prepared, LEASE]
         variants += [PLACED, PLACED_OURS, TWIN, WRITTEN_ONCE]
         variants += alternatives
         _step("warming up")
@@ -160,14 +164,20 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         results.first, keys = http_scenarios.first_requests(
             servers, variants, plan.rounds, plan.requests, plan.concurrency
         )
-        _step("replays")
+        _step("replays, and an order's GET beside them")
+        reads = [ORDER_GET]
+        reads += [ORDER_GET_CACHED] if cached else []
+        reads += [ORDER_GET_PREPARED] if prepared else []
+        replayed = [OURS, *cached, *prepared[1:], PLACED_OURS, TWIN, WRITTEN_ONCE, *alternatives]
         results.replays = http_scenarios.replays(
             servers,
-            [OURS, *cached, OURS_PREPARED, PLACED_OURS, TWIN, WRITTEN_ONCE, *alternatives],
+            replayed,
             keys,
             plan.rounds,
             plan.requests,
             plan.concurrency,
+            reads,
+            order=int(database.scalar("SELECT MIN(id) FROM shop_order")),
         )
         _step("hot key")
         results.hot = http_scenarios.hot_keys(
@@ -180,14 +190,12 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
 
 
 @contextmanager
-def _cached_server(
-    env: dict[str, str], plan: Plan, log: Path, wanted: bool
-) -> Iterator[int | None]:
-    """The third server: Django's default connections, this app's replay cache in Redis."""
+def _server(env: dict[str, str], plan: Plan, log: Path, wanted: bool) -> Iterator[int | None]:
+    """A further server (prepared statements, the replay cache) when its variants run."""
     if not wanted:
         yield None
         return
-    with gunicorn({**env, "BENCH_REPLAY_CACHE": "1"}, plan.workers, plan.threads, log) as port:
+    with gunicorn(env, plan.workers, plan.threads, log) as port:
         yield port
 
 
@@ -235,21 +243,24 @@ def _unsupported(alternatives: list[str], skipped: bool) -> list[str]:
 def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str]:
     cpu = _cpu_model()
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    version = database.scalar("SHOW server_version")
+    version = database.version
     import django
     import gunicorn as gunicorn_package
 
     return [
         f"Machine: {os.cpu_count()} cores ({cpu}), {_memory()}, load average at start {load}; "
         "shared with other work, so only ratios from one run are compared.",
-        f"PostgreSQL {version} on {database.host}:{database.port}; Python "
+        f"{version} on {database.host}:{database.port}; Python "
         f"{platform.python_version()}, Django {django.get_version()}, "
         f"gunicorn {gunicorn_package.__version__}.",
         f"Server: gunicorn, {plan.workers} gthread workers x {plan.threads} threads, "
-        "persistent database connections, DEBUG off; served three times, as Django "
-        "connects by default, with prepared statements (server_side_binding, "
-        "prepare_threshold 5), and as by default with REPLAY_CACHE in Redis, for the "
-        "variants marked so.",
+        "persistent database connections, DEBUG off; served as Django connects by default, "
+        + (
+            ""
+            if database.mysql
+            else "with prepared statements (server_side_binding, prepare_threshold 5), "
+        )
+        + "and as by default with REPLAY_CACHE in Redis, for the variants marked so.",
         f"Client: this process, {plan.concurrency} keep-alive connections, "
         f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
         + (
