@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Measure what idempotency costs, side by side: ``.venv/bin/python benchmarks/run.py``.
 
-Creates a PostgreSQL database, migrates it, serves the example project with
+Creates a PostgreSQL database (or a MariaDB/MySQL one: a ``mysql://`` URL in
+``BENCH_DATABASE_URL``; there the peers, prepared statements and the recovery
+scan are left out), migrates it, serves the example project with
 the benchmark twins (``benchmarks/settings.py``) under gunicorn and drives it
 over HTTP from this process, alternating the variants round by round. Then
 purge and recovery run here on bulk data. Prints one markdown document (the
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bulk, floor, http_scenarios  # noqa: E402
+from benchmarks import bulk, floor, http_scenarios, mysql_floor  # noqa: E402
 from benchmarks.alternatives import ensure_installed  # noqa: E402
 from benchmarks.chart import write_chart  # noqa: E402
 from benchmarks.http_scenarios import (  # noqa: E402
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     plan = _plan(args)
     database = Database.named(args.database)
-    alternatives = None if args.no_alternatives else ensure_installed()
+    # The peers' bulk fills are PostgreSQL's SQL: on MariaDB this app runs alone.
+    skipped = args.no_alternatives or database.mysql
+    alternatives = None if skipped else ensure_installed()
     database.recreate()
     try:
         results = Results(setup=_setup(plan, database, args))
@@ -206,6 +210,16 @@ def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path |
     _step(f"purge of {plan.rows:,} expired records vs a raw batched DELETE")
     deleters = bulk.deleters(idempotency_settings.PURGE_BATCH_SIZE, results.alternatives)
     results.purge = bulk.purge_side_by_side(plan.rows, plan.purge_rounds, deleters)
+    if database.mysql:
+        results.unsupported.append(
+            "On MariaDB/MySQL the recovery scan is not measured (its bulk leases are "
+            "PostgreSQL's SQL), nor prepared statements (mysqlclient has none)."
+        )
+        _step("database floor: the same statements, one process per client (mysql_floor)")
+        results.floor = mysql_floor.measure(
+            database, plan.floor_rounds, plan.floor_seconds, plan.concurrency
+        )
+        return
     _step(f"recovery scan: {plan.rows:,} finished records, {plan.expired_leases} expired leases")
     results.recovery = bulk.recovery_scan(plan.rows, plan.expired_leases)
     _step("database floor: the same statements under pgbench")
