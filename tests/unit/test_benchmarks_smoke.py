@@ -151,13 +151,13 @@ def test_database_cost_measurement_runs_and_prints_its_tables():
 
 
 def _run(
-    script: str, *args: str, timeout: float | None = TIMEOUT
+    script: str, *args: str, timeout: float | None = TIMEOUT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a benchmark script as a user would; it must succeed."""
+    """Run a benchmark script as a user would; it must succeed. ``env`` overrides the default."""
     result = subprocess.run(
         [sys.executable, script, *args],
         cwd=ROOT,
-        env=_environment(),
+        env={**_environment(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
