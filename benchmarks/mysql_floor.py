@@ -97,7 +97,8 @@ def _template(sql: str, key: str) -> str:
 
 
 def statements(script: list[str]) -> int:
-    return sum(1 for sql in script if sql not in (BEGIN, COMMIT))
+    """Round trips of one transaction: the autocommit switches count, as pgbench's BEGIN does."""
+    return sum(2 if sql == COMMIT else 1 for sql in script)  # the commit, autocommit back on
 
 
 def measure(
