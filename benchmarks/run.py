@@ -115,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         results = Results(setup=_setup(plan, database, args))
         results.alternatives = list(ALTERNATIVES) if alternatives else []
         results.unsupported = _unsupported(results.alternatives, alternatives is None)
+        if database.mysql:
+            results.unsupported[0] = (
+                "The alternatives are measured on PostgreSQL only: their bulk fills for the "
+                "purge are its SQL."
+            )
         if "django-idempotency-key" in results.alternatives and not _redis_answers():
             results.alternatives.remove("django-idempotency-key")
             results.unsupported.append(

@@ -84,7 +84,13 @@ class Database:
         )
 
     def connect_mysql(self, database: str | None = None) -> Any:
-        import MySQLdb  # the mysql extra: only a MariaDB run needs it
+        try:
+            import MySQLdb  # the mysql extra: only a MariaDB run needs it
+        except ImportError as missing:
+            raise RuntimeError(
+                "A MariaDB/MySQL run needs mysqlclient: pip install -e '.[mysql]' "
+                "(it builds against libmariadb-dev, scripts/system-deps.sh)."
+            ) from missing
 
         return MySQLdb.connect(
             host=self.host,
