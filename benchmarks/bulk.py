@@ -1,7 +1,8 @@
 """Purge and recovery over bulk data, in this process (Django set up on the benchmark database).
 
-The rows are made by one ``INSERT ... SELECT generate_series`` each, then the
-table is analysed (as autovacuum would) before anything is timed.
+The rows are made by one ``INSERT ... SELECT generate_series`` each (on MariaDB,
+from its sequence engine's ``seq_1_to_N``), then the table is analysed (as
+autovacuum would) before anything is timed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,29 @@ FROM generate_series(1, %(rows)s) AS g
 # Expired a day ago, one millisecond apart: all purgeable, in expiry order.
 EXPIRED = "now() - interval '1 day' + g * interval '1 millisecond'"
 LIVE = "now() + interval '1 day'"
+# The same records on MariaDB/MySQL: its sequence engine for generate_series, its own
+# string and interval syntax; only the default scope and hash (what run.py fills).
+_FILL_MYSQL = f"""
+INSERT INTO {TABLE} (
+    scope, idem_key, operation, request_hash, request_method, request_path, status,
+    owner_token, lease_until, response_status, response_headers, response_body, resource_id,
+    attempts, recovery_attempts, version, created_at, updated_at, completed_at, expires_at
+)
+SELECT
+    CONCAT('user:', seq %% 1000, ':bench.bulk'), md5(CONCAT(%(tag)s, seq)), 'bench.bulk',
+    md5(seq), 'POST', '/api/orders/', 'SUCCEEDED', md5(CONCAT('owner', seq)), NULL, 201,
+    '[["Content-Type", "application/json"]]',
+    CONCAT('{{"id": ', seq, ', "url": "http://127.0.0.1/api/orders/', seq,
+        '/", "sku": "bench", "quantity": 1, "status": "PENDING", ',
+        '"created_at": "2026-01-01T00:00:00Z", "paid_at": null}}'),
+    seq, 1, 0, 2, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY,
+    NOW(6) - INTERVAL 2 DAY, __EXPIRES__
+FROM seq_1_to___ROWS__
+"""
+_MYSQL_EXPIRES = {
+    EXPIRED: "NOW(6) - INTERVAL 1 DAY + INTERVAL seq * 1000 MICROSECOND",
+    LIVE: "NOW(6) + INTERVAL 1 DAY",
+}
 
 _LOSE_LEASES = f"""
 INSERT INTO {TABLE} (
@@ -63,6 +87,10 @@ DELETE FROM {TABLE} WHERE id IN (
     SELECT id FROM {TABLE} WHERE expires_at < now() LIMIT %s
 )
 """
+# MariaDB/MySQL refuse LIMIT in an IN subquery, and take it on the DELETE itself.
+RAW_BATCH_DELETE_MYSQL = f"DELETE FROM {TABLE} WHERE expires_at < NOW(6) LIMIT %s"
+# What drf-idempotency and drf-idempotencykey run: every expired row in one statement.
+UNBATCHED_DELETE = f"DELETE FROM {TABLE} WHERE expires_at < CURRENT_TIMESTAMP"
 
 
 def setup_django(database: Database, alternatives: Path | None) -> None:
@@ -79,6 +107,12 @@ def setup_django(database: Database, alternatives: Path | None) -> None:
     django.setup()
     # Recovery logs every record it settles; the table says how many.
     logging.getLogger("idempotency").setLevel(logging.ERROR)
+
+
+def mysql() -> bool:
+    from django.db import connection
+
+    return connection.vendor == "mysql"
 
 
 def execute(sql: str, params: Any = None) -> int:
@@ -98,6 +132,12 @@ def fill(
     rows: int, expires: str, tag: str, scope: str = BULK_SCOPE, request_hash: str = BULK_HASH
 ) -> None:
     """``rows`` finished records, keys ``md5(tag || g)``; scope and hash are SQL over ``g``."""
+    if mysql():
+        assert (scope, request_hash) == (BULK_SCOPE, BULK_HASH), "PostgreSQL's SQL only"
+        sql = _FILL_MYSQL.replace("__EXPIRES__", _MYSQL_EXPIRES[expires])
+        execute(sql.replace("__ROWS__", str(int(rows))), {"tag": tag})
+        execute(f"ANALYZE TABLE {TABLE}")
+        return
     sql = _FILL.replace("__EXPIRES__", expires).replace("__SCOPE__", scope)
     execute(sql.replace("__HASH__", request_hash), {"rows": rows, "tag": tag})
     execute(f"ANALYZE {TABLE}")
@@ -114,12 +154,16 @@ def timed(action: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def explain(sql: str, params: Any = None) -> str:
-    """``EXPLAIN (ANALYZE, BUFFERS)`` inside a transaction that is rolled back."""
+    """``EXPLAIN (ANALYZE, BUFFERS)`` inside a transaction that is rolled back.
+
+    On MariaDB ``ANALYZE FORMAT=JSON``: it too runs the statement, and says what it read.
+    """
     from django.db import connection, transaction
 
+    analyze = "ANALYZE FORMAT=JSON" if mysql() else "EXPLAIN (ANALYZE, BUFFERS)"
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+            cursor.execute(f"{analyze} {sql}", params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     return plan
@@ -173,13 +217,15 @@ class PurgeResult:
 
 PURGE = "idempotency.retention.purge()"
 RAW = "raw batched DELETE"
+UNBATCHED = "one unbatched DELETE"
 
 
 def raw_batched_delete(batch_size: int) -> int:
     """What a DBA would write: delete expired rows by primary key, a batch per statement."""
     deleted = 0
+    statement = RAW_BATCH_DELETE_MYSQL if mysql() else RAW_BATCH_DELETE
     while True:
-        count = execute(RAW_BATCH_DELETE, [batch_size])
+        count = execute(statement, [batch_size])
         deleted += count
         if count < batch_size:
             return deleted
@@ -201,17 +247,24 @@ def deleters(batch_size: int, alternatives: list[str]) -> list[Deleter]:
             try:
                 with transaction.atomic():
                     purge(batch_size=batch_size, progress=_stop_after(2 * batch_size))
+                    # Fewer rows than two batches (--quick): purge ended without _Enough,
+                    # and the timed run must still find every row.
+                    transaction.set_rollback(True)
             except _Enough:
                 pass
         sql = [query["sql"] for query in captured if "DELETE" in query["sql"]][-1]
         return f"{sql}\n\n{explain(sql)}"
 
     def raw_plan() -> str:
-        return f"{RAW_BATCH_DELETE.strip()}\n\n{explain(RAW_BATCH_DELETE, [batch_size])}"
+        statement = RAW_BATCH_DELETE_MYSQL if mysql() else RAW_BATCH_DELETE
+        return f"{statement.strip()}\n\n{explain(statement, [batch_size])}"
 
     chosen = [
         Deleter(PURGE, ours, lambda: purge(batch_size=batch_size), purge_plan),
         Deleter(RAW, ours, lambda: raw_batched_delete(batch_size), raw_plan),
+        # The peers' way on this app's own table: the reference on MariaDB, where the
+        # peers' fills (PostgreSQL's SQL) do not run.
+        Deleter(UNBATCHED, ours, lambda: execute(UNBATCHED_DELETE)),
     ]
     if "drf-idempotencykey" in alternatives:
         chosen.append(

@@ -25,6 +25,13 @@ of the table with the indexes of then). Prints:
 Needs PostgreSQL as ``benchmarks/run.py`` does, pgbench on PATH and the
 ``pg_walinspect`` extension (contrib, PostgreSQL 15+); creates and drops the
 database ``idempotency_cost``. The exit status says whether the run worked.
+
+On MariaDB/MySQL (a ``mysql://`` URL in ``BENCH_DATABASE_URL``, the ``mysql``
+extra installed) the same measurements where the server has them: the
+statements captured there, driven by ``benchmarks/mysql_floor.py`` (text
+statements only: no prepared protocol), and what a transaction writes to
+InnoDB's redo log in place of WAL. Neither the table before issue 24 nor the
+plans (PostgreSQL's ``EXPLAIN``) are made there.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bulk, floor  # noqa: E402
+from benchmarks import bulk, floor, mysql_floor  # noqa: E402
 from benchmarks.cost_plans import plans  # noqa: E402
 from benchmarks.server import Database, environment, prepare  # noqa: E402
 from benchmarks.stats import rotated  # noqa: E402
@@ -81,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(environment(database, None, uuid.uuid4().hex[:8]))
         bulk.setup_django(database, None)
+        if database.mysql:
+            _mysql_cost(database, args)
+            return 0
         _before_table()
         scripts = floor.build_scripts()
         scripts[BEFORE] = _before_script(scripts[floor.PROTECTED])
@@ -94,6 +104,73 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_database:
             database.drop()
     return 0
+
+
+# MariaDB/MySQL: the same statements' speed, and the redo log for WAL
+
+
+def _mysql_cost(database: Database, args: argparse.Namespace) -> None:
+    scripts = mysql_floor.build_scripts()
+    print(f"# What a protected create costs the database ({database.version})\n")
+    print("The statements, as the driver sent them (one line each):\n")
+    for name, script in scripts.items():
+        print(f"{name}:\n\n```\n" + "\n".join(script) + "\n```\n")
+    tps = mysql_floor.measure(database, args.rounds, args.seconds, args.clients, scripts)
+    print(_mysql_tps_table(tps, scripts), end="\n\n", flush=True)
+    redo = mysql_floor.redo(database, scripts, args.rounds, args.transactions)
+    print(_redo_table(redo, args.transactions), flush=True)
+
+
+MYSQL_ORDER = [floor.UNPROTECTED, floor.TRANSACTION, floor.PROTECTED, floor.WRITTEN_ONCE]
+MYSQL_PAIRS = [
+    ("protected / BEGIN; INSERT; COMMIT", floor.PROTECTED, floor.TRANSACTION),
+    ("written once / BEGIN; INSERT; COMMIT", floor.WRITTEN_ONCE, floor.TRANSACTION),
+    ("written once / protected", floor.WRITTEN_ONCE, floor.PROTECTED),
+    ("protected / INSERT alone", floor.PROTECTED, floor.UNPROTECTED),
+]
+
+
+def _mysql_tps_table(result: floor.FloorResult, scripts: dict[str, list[str]]) -> str:
+    def simple(name: str) -> str:
+        return floor.measurement(name, mysql_floor.PROTOCOL)
+
+    rows = [
+        f"## Transactions per second ({result.clients} clients, median of the rounds)",
+        "",
+        "| statements | sent | text protocol | rounds |",
+        "|---|---:|---:|---|",
+    ]
+    for name in MYSQL_ORDER:
+        runs = ", ".join(f"{value:,.0f}" for value in result.tps[simple(name)])
+        sent = mysql_floor.statements(scripts[name])
+        rows.append(f"| {name} | {sent} | {result.median(simple(name)):,.0f} | {runs} |")
+    rows += ["", "| ratio (median of the rounds' ratios, lowest to highest) | text protocol |"]
+    rows.append("|---|---:|")
+    for label, top, bottom in MYSQL_PAIRS:
+        mid, low, high = result.paired(simple(top), simple(bottom))
+        rows.append(f"| {label} | {mid:.2f}x ({low:.2f} to {high:.2f}) |")
+    return "\n".join(rows)
+
+
+def _redo_table(redo: mysql_floor.Redo, transactions: int) -> str:
+    rows = [
+        f"## What one transaction writes (1 client, {transactions:,} transactions a run, "
+        "median of the runs)",
+        "",
+        "InnoDB's redo log, WAL's counterpart: Innodb_lsn_current before and after each "
+        "run, the server's whole log (a quiet server is assumed).",
+        "",
+        "| statements | redo bytes | runs |",
+        "|---|---:|---|",
+    ]
+    for name in MYSQL_ORDER:
+        runs = ", ".join(f"{value:,.0f}" for value in redo.bytes_per_transaction[name])
+        rows.append(f"| {name} | {redo.median(name):,.0f} | {runs} |")
+    ratios = ", ".join(
+        f"{label} {redo.median(top) / redo.median(bottom):.2f}x"
+        for label, top, bottom in MYSQL_PAIRS
+    )
+    return "\n".join([*rows, "", f"Redo bytes: {ratios}."])
 
 
 # The protected create as it was: its table, claim and finish

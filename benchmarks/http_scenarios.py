@@ -22,6 +22,7 @@ class Variant:
     keyed: bool = True
     prepared: bool = False  # served by the server whose connections prepare statements
     cached: bool = False  # served by the server with this app's replay cache on
+    method: str = "POST"  # GET: a read of one order, the path's {order} filled in
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,14 @@ PREPARED = " (prepared statements)"
 PLAIN_PREPARED = Variant(PLAIN.name + PREPARED, PLAIN.path, keyed=False, prepared=True)
 OURS_PREPARED = Variant(OURS.name + PREPARED, OURS.path, prepared=True)
 OURS_CACHED = Variant(OURS.name + " (replay cache)", OURS.path, cached=True)
+# The floor of a replay's own stack: the cheapest request the same view set serves
+# (/api/orders/, the example's ModelViewSet), an authenticated GET of one order, on
+# each server that replays are measured on (a replay is compared on its own server).
+ORDER_GET = Variant(
+    "an order's GET (the same view set)", "/api/orders/{order}/", keyed=False, method="GET"
+)
+ORDER_GET_PREPARED = replace(ORDER_GET, name=ORDER_GET.name + PREPARED, prepared=True)
+ORDER_GET_CACHED = replace(ORDER_GET, name=ORDER_GET.name + " (replay cache server)", cached=True)
 ALTERNATIVES = {
     "drf-idempotencykey": Variant("drf-idempotencykey", "/bench/orders/drf-idempotencykey/"),
     "drf-idempotency": Variant("drf-idempotency", "/bench/orders/drf-idempotency/"),
@@ -88,6 +97,11 @@ def order_call(variant: Variant, key: str | None, sku: str = "bench") -> Call:
         headers.append(("Idempotency-Key", key))
     body = json.dumps({"sku": sku, "quantity": 1}).encode()
     return Call(path=variant.path, body=body, headers=tuple(headers))
+
+
+def read_call(variant: Variant, order: int) -> Call:
+    headers = (("Authorization", _AUTHORIZATION), ("Accept", "application/json"))
+    return Call(variant.path.format(order=order), b"", headers, method=variant.method)
 
 
 def fresh_calls(variant: Variant, count: int) -> tuple[list[Call], list[str]]:
@@ -129,11 +143,14 @@ def replays(
     rounds: int,
     count: int,
     concurrency: int,
+    reads: Sequence[Variant] = (),
+    order: int = 0,
 ) -> dict[str, list[Sample]]:
     """Repeats of recorded keys (same body), alternating with fresh creates on our endpoint.
 
     Each of this app's variants is also driven with fresh keys on its own
-    server, so that replays and creates are compared under the same connections.
+    server, so that replays and creates are compared under the same connections;
+    ``reads`` (GETs of the order ``order``) alternate with them too, the floor of the stack.
     """
     fresh = [
         replace(variant, name=f"{variant.name}, fresh keys")
@@ -145,8 +162,10 @@ def replays(
     samples: dict[str, list[Sample]] = defaultdict(list)
     rng = random.Random(6)
     for round_ in range(rounds):
-        for variant in rotated([*fresh, *replayed], round_):
-            if variant in fresh:
+        for variant in rotated([*fresh, *replayed, *reads], round_):
+            if variant in reads:
+                calls = [read_call(variant, order)] * count
+            elif variant in fresh:
                 calls, _ = fresh_calls(variant, count)
             else:
                 source = sources[variant.name]

@@ -23,6 +23,7 @@ class Call:
     path: str
     body: bytes
     headers: tuple[tuple[str, str], ...]
+    method: str = "POST"
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Client:
             started = time.perf_counter()
             try:
                 self.connection.request(
-                    "POST", call.path, body=call.body, headers=dict(call.headers)
+                    call.method, call.path, body=call.body or None, headers=dict(call.headers)
                 )
                 response = self.connection.getresponse()
                 body = response.read()

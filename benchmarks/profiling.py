@@ -13,11 +13,17 @@ time, the profile's top entries. ``--pyinstrument`` prints a pyinstrument call
 tree of the protected create instead (the ``dev`` extra installs it). Needs
 PostgreSQL as ``benchmarks/run.py`` does; creates and drops the database
 ``idempotency_profile``.
+
+An authenticated ``GET`` of one order through the same view set (``/api/orders/``)
+is profiled beside them: the cheapest request of a replay's own stack.
+``--replay-cache`` serves everything with this app's replay cache in Redis
+(``benchmarks/settings.py``, ``BENCH_REDIS_URL``), so that replays are read from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import cProfile
 import io
 import os
@@ -33,10 +39,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.inprocess import requests_of  # noqa: E402
-from benchmarks.server import Database  # noqa: E402
+from benchmarks.server import PASSWORD, USER, Database  # noqa: E402
 from benchmarks.stats import rotated  # noqa: E402
 
-VARIANTS = ("unprotected", "idempotency (atomic)", "replays")
+ORDER_GET = "an order's GET (the same view set)"
+VARIANTS = ("unprotected", "idempotency (atomic)", "replays", ORDER_GET)
 
 
 @dataclass
@@ -56,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     database = Database.named(args.database)
     database.recreate()
     try:
-        work = requests_of(database)
+        if args.replay_cache:
+            os.environ["BENCH_REPLAY_CACHE"] = "1"  # read by benchmarks/settings.py
+        work = {**requests_of(database), ORDER_GET: _order_get()}
         if args.pyinstrument:
-            print(_pyinstrument(work["idempotency (atomic)"], args.requests))
+            print(_pyinstrument(work[args.pyinstrument], args.requests))
             return 0
         profiled = _profile(work, args.rounds, args.requests)
     finally:
@@ -69,6 +78,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n### {name}: top {args.top} functions by own time\n")
             print(_top(result, args.top))
     return 0
+
+
+def _order_get() -> Callable[[], None]:
+    """One request: an authenticated GET of one of the caller's orders, as the creates' view set."""
+    from django.test import Client
+
+    from example_project.shop.models import Order
+
+    client = Client(HTTP_HOST="127.0.0.1")
+    credentials = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    path = f"/api/orders/{Order.objects.order_by('pk').values_list('pk', flat=True).first()}/"
+
+    def get() -> None:
+        response = client.get(path, HTTP_AUTHORIZATION=f"Basic {credentials}")
+        if response.status_code != 200:
+            raise RuntimeError(f"{path}: {response.status_code} {response.content[:300]!r}")
+
+    return get
 
 
 def _profile(
@@ -158,7 +185,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=200, help="per variant and round")
     parser.add_argument("--top", type=int, default=0, help="print the N costliest functions")
-    parser.add_argument("--pyinstrument", action="store_true")
+    parser.add_argument(
+        "--pyinstrument",
+        nargs="?",
+        const="idempotency (atomic)",
+        choices=VARIANTS,
+        help="print a pyinstrument call tree of this variant (the protected create by default)",
+    )
+    parser.add_argument("--replay-cache", action="store_true", help="REPLAY_CACHE in Redis")
     parser.add_argument(
         "--database", default=os.environ.get("BENCH_PROFILE_DATABASE", "idempotency_profile")
     )

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Measure what idempotency costs, side by side: ``.venv/bin/python benchmarks/run.py``.
 
-Creates a PostgreSQL database, migrates it, serves the example project with
+Creates a PostgreSQL database (or a MariaDB/MySQL one: a ``mysql://`` URL in
+``BENCH_DATABASE_URL``; there the peers, prepared statements and the recovery
+scan are left out), migrates it, serves the example project with
 the benchmark twins (``benchmarks/settings.py``) under gunicorn and drives it
 over HTTP from this process, alternating the variants round by round. Then
 purge and recovery run here on bulk data. Prints one markdown document (the
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bulk, floor, http_scenarios  # noqa: E402
+from benchmarks import bulk, floor, http_scenarios, mysql_floor  # noqa: E402
 from benchmarks.alternatives import ensure_installed  # noqa: E402
 from benchmarks.chart import write_chart  # noqa: E402
 from benchmarks.http_scenarios import (  # noqa: E402
@@ -39,6 +41,9 @@ from benchmarks.http_scenarios import (  # noqa: E402
     LEASE,
     LEASE_SLOW,
     LEASE_SLOW_WAITING,
+    ORDER_GET,
+    ORDER_GET_CACHED,
+    ORDER_GET_PREPARED,
     OURS,
     OURS_CACHED,
     OURS_PREPARED,
@@ -102,12 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     plan = _plan(args)
     database = Database.named(args.database)
-    alternatives = None if args.no_alternatives else ensure_installed()
+    # The peers' bulk fills are PostgreSQL's SQL: on MariaDB this app runs alone.
+    skipped = args.no_alternatives or database.mysql
+    alternatives = None if skipped else ensure_installed()
     database.recreate()
     try:
         results = Results(setup=_setup(plan, database, args))
         results.alternatives = list(ALTERNATIVES) if alternatives else []
         results.unsupported = _unsupported(results.alternatives, alternatives is None)
+        if database.mysql:
+            results.unsupported[0] = (
+                "The alternatives are measured on PostgreSQL only: their bulk fills for the "
+                "purge are its SQL."
+            )
         if "django-idempotency-key" in results.alternatives and not _redis_answers():
             results.alternatives.remove("django-idempotency-key")
             results.unsupported.append(
@@ -139,19 +151,20 @@ def main(argv: list[str] | None = None) -> int:
 def _http(results: Results, plan: Plan, database: Database, env: dict[str, str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     alternatives = [ALTERNATIVES[name] for name in results.alternatives]
-    prepared = {**env, "BENCH_PREPARED": "1"}
+    # Prepared statements are psycopg's (server_side_binding): none on MariaDB.
+    prepared = [] if database.mysql else [PLAIN_PREPARED, OURS_PREPARED]
     cached = [OURS_CACHED] if _redis_answers() else []
     with (
         gunicorn(env, plan.workers, plan.threads, log) as port,
-        gunicorn(prepared, plan.workers, plan.threads, log) as prepared_port,
-        _cached_server(env, plan, log, bool(cached)) as cached_port,
+        _server({**env, "BENCH_PREPARED": "1"}, plan, log, bool(prepared)) as prepared_port,
+        _server({**env, "BENCH_REPLAY_CACHE": "1"}, plan, log, bool(cached)) as cached_port,
     ):
         servers = Servers(
             Target("127.0.0.1", port),
-            Target("127.0.0.1", prepared_port),
+            Target("127.0.0.1", prepared_port or port),
             Target("127.0.0.1", cached_port) if cached_port else None,
         )
-        variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, PLAIN_PREPARED, OURS_PREPARED, LEASE]
+        variants = [PLAIN, PLAIN_ATOMIC, OURS, *cached, *prepared, LEASE]
         variants += [PLACED, PLACED_OURS, TWIN, WRITTEN_ONCE]
         variants += alternatives
         _step("warming up")
@@ -160,14 +173,20 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
         results.first, keys = http_scenarios.first_requests(
             servers, variants, plan.rounds, plan.requests, plan.concurrency
         )
-        _step("replays")
+        _step("replays, and an order's GET beside them")
+        reads = [ORDER_GET]
+        reads += [ORDER_GET_CACHED] if cached else []
+        reads += [ORDER_GET_PREPARED] if prepared else []
+        replayed = [OURS, *cached, *prepared[1:], PLACED_OURS, TWIN, WRITTEN_ONCE, *alternatives]
         results.replays = http_scenarios.replays(
             servers,
-            [OURS, *cached, OURS_PREPARED, PLACED_OURS, TWIN, WRITTEN_ONCE, *alternatives],
+            replayed,
             keys,
             plan.rounds,
             plan.requests,
             plan.concurrency,
+            reads,
+            order=int(database.scalar("SELECT MIN(id) FROM shop_order")),
         )
         _step("hot key")
         results.hot = http_scenarios.hot_keys(
@@ -180,14 +199,12 @@ def _http(results: Results, plan: Plan, database: Database, env: dict[str, str],
 
 
 @contextmanager
-def _cached_server(
-    env: dict[str, str], plan: Plan, log: Path, wanted: bool
-) -> Iterator[int | None]:
-    """The third server: Django's default connections, this app's replay cache in Redis."""
+def _server(env: dict[str, str], plan: Plan, log: Path, wanted: bool) -> Iterator[int | None]:
+    """A further server (prepared statements, the replay cache) when its variants run."""
     if not wanted:
         yield None
         return
-    with gunicorn({**env, "BENCH_REPLAY_CACHE": "1"}, plan.workers, plan.threads, log) as port:
+    with gunicorn(env, plan.workers, plan.threads, log) as port:
         yield port
 
 
@@ -198,6 +215,16 @@ def _bulk(results: Results, plan: Plan, database: Database, alternatives: Path |
     _step(f"purge of {plan.rows:,} expired records vs a raw batched DELETE")
     deleters = bulk.deleters(idempotency_settings.PURGE_BATCH_SIZE, results.alternatives)
     results.purge = bulk.purge_side_by_side(plan.rows, plan.purge_rounds, deleters)
+    if database.mysql:
+        results.unsupported.append(
+            "On MariaDB/MySQL the recovery scan is not measured (its bulk leases are "
+            "PostgreSQL's SQL), nor prepared statements (mysqlclient has none)."
+        )
+        _step("database floor: the same statements, one process per client (mysql_floor)")
+        results.floor = mysql_floor.measure(
+            database, plan.floor_rounds, plan.floor_seconds, plan.concurrency
+        )
+        return
     _step(f"recovery scan: {plan.rows:,} finished records, {plan.expired_leases} expired leases")
     results.recovery = bulk.recovery_scan(plan.rows, plan.expired_leases)
     _step("database floor: the same statements under pgbench")
@@ -235,21 +262,24 @@ def _unsupported(alternatives: list[str], skipped: bool) -> list[str]:
 def _setup(plan: Plan, database: Database, args: argparse.Namespace) -> list[str]:
     cpu = _cpu_model()
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    version = database.scalar("SHOW server_version")
+    version = database.version
     import django
     import gunicorn as gunicorn_package
 
     return [
         f"Machine: {os.cpu_count()} cores ({cpu}), {_memory()}, load average at start {load}; "
         "shared with other work, so only ratios from one run are compared.",
-        f"PostgreSQL {version} on {database.host}:{database.port}; Python "
+        f"{version} on {database.host}:{database.port}; Python "
         f"{platform.python_version()}, Django {django.get_version()}, "
         f"gunicorn {gunicorn_package.__version__}.",
         f"Server: gunicorn, {plan.workers} gthread workers x {plan.threads} threads, "
-        "persistent database connections, DEBUG off; served three times, as Django "
-        "connects by default, with prepared statements (server_side_binding, "
-        "prepare_threshold 5), and as by default with REPLAY_CACHE in Redis, for the "
-        "variants marked so.",
+        "persistent database connections, DEBUG off; served as Django connects by default, "
+        + (
+            ""
+            if database.mysql
+            else "with prepared statements (server_side_binding, prepare_threshold 5), "
+        )
+        + "and as by default with REPLAY_CACHE in Redis, for the variants marked so.",
         f"Client: this process, {plan.concurrency} keep-alive connections, "
         f"{plan.rounds} alternating rounds of {plan.requests} requests per variant"
         + (

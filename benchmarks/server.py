@@ -1,4 +1,4 @@
-"""The benchmark's PostgreSQL database and its gunicorn server."""
+"""The benchmark's database (PostgreSQL, or MariaDB/MySQL) and its gunicorn server."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 USER, PASSWORD = "bench", "bench-password"
+POSTGRES, MYSQL = "postgres", "mysql"
+# What a URL's scheme names, and the server's defaults when the URL leaves them out.
+SCHEMES = {"postgres": POSTGRES, "postgresql": POSTGRES, "mysql": MYSQL, "mariadb": MYSQL}
+DEFAULTS = {POSTGRES: (5432, "postgres"), MYSQL: (3306, "root")}
 
 
 @dataclass(frozen=True)
@@ -30,16 +34,20 @@ class Database:
     user: str
     password: str
     name: str
+    engine: str = POSTGRES  # or MYSQL: MariaDB or MySQL, through mysqlclient
 
     @classmethod
     def from_url(cls, url: str, name: str) -> Database:
         parts = urlsplit(url)
+        engine = SCHEMES[parts.scheme]
+        port, user = DEFAULTS[engine]
         return cls(
             host=parts.hostname or "127.0.0.1",
-            port=parts.port or 5432,
-            user=parts.username or "postgres",
+            port=parts.port or port,
+            user=parts.username or user,
             password=parts.password or "",
             name=name,
+            engine=engine,
         )
 
     @classmethod
@@ -51,9 +59,21 @@ class Database:
     @property
     def url(self) -> str:
         password = f":{self.password}" if self.password else ""
-        return f"postgres://{self.user}{password}@{self.host}:{self.port}/{self.name}"
+        return f"{self.engine}://{self.user}{password}@{self.host}:{self.port}/{self.name}"
+
+    @property
+    def mysql(self) -> bool:
+        return self.engine == MYSQL
+
+    @property
+    def version(self) -> str:
+        """The server's name and version, as the reports' setup line says it."""
+        if self.mysql:
+            return str(self.scalar("SELECT VERSION()"))
+        return f"PostgreSQL {self.scalar('SHOW server_version')}"
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
+        """A PostgreSQL connection; MariaDB's are ``connect_mysql``'s (another DB-API)."""
         return psycopg.connect(
             host=self.host,
             port=self.port,
@@ -63,21 +83,63 @@ class Database:
             **options,
         )
 
+    def connect_mysql(self, database: str | None = None) -> Any:
+        try:
+            import MySQLdb  # the mysql extra: only a MariaDB run needs it
+        except ImportError as missing:
+            raise RuntimeError(
+                "A MariaDB/MySQL run needs mysqlclient: pip install -e '.[mysql]' "
+                "(it builds against libmariadb-dev, scripts/system-deps.sh)."
+            ) from missing
+
+        return MySQLdb.connect(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            database=self.name if database is None else database,
+            autocommit=True,
+            charset="utf8mb4",  # as example_project/settings.py connects
+        )
+
     def recreate(self) -> None:
+        if self.mysql:
+            self._mysql_admin(f"DROP DATABASE IF EXISTS `{self.name}`")
+            self._mysql_admin(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+            return
         with self.connect(dbname="postgres", autocommit=True) as admin:
             name = sql.Identifier(self.name)
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
             admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
     def drop(self) -> None:
+        if self.mysql:
+            self._mysql_admin(f"DROP DATABASE IF EXISTS `{self.name}`")
+            return
         with self.connect(dbname="postgres", autocommit=True) as admin:
             name = sql.Identifier(self.name)
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
     def scalar(self, query: str, *params: Any) -> Any:
-        with self.connect(autocommit=True) as connection:
-            row = connection.execute(query, params).fetchone()
+        if self.mysql:
+            connection = self.connect_mysql()
+            try:
+                cursor = connection.cursor()
+                cursor.execute(query, params or None)
+                row = cursor.fetchone()
+            finally:
+                connection.close()
+        else:
+            with self.connect(autocommit=True) as pg:
+                row = pg.execute(query, params).fetchone()
         return None if row is None else row[0]
+
+    def _mysql_admin(self, statement: str) -> None:
+        connection = self.connect_mysql(database="")
+        try:
+            connection.cursor().execute(statement)
+        finally:
+            connection.close()
 
 
 def environment(database: Database, alternatives: Path | None, run_id: str) -> dict[str, str]:

@@ -46,6 +46,9 @@ def test_quick_benchmark_runs_and_prints_its_tables(tmp_path):
     # the third server, with the replay cache in Redis
     assert "| idempotency (atomic) (replay cache), replays |" in result.stdout
     assert "| replays / fresh creates, throughput (replay cache) |" in result.stdout
+    # the floor of a replay's own stack: an order's GET through the same view set
+    assert "| an order's GET (the same view set) (replay cache server) |" in result.stdout
+    assert "| cost: a replay / an order's GET (replay cache) |" in result.stdout
     # a create as a real endpoint does it, with and without protection
     assert "| placed order, unprotected |" in result.stdout
     assert "| placed order, idempotency (atomic), replays |" in result.stdout
@@ -113,10 +116,11 @@ def test_profile_runs_and_prints_its_tables():
     )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("| variant | requests | calls per request")
-    assert [line.split(" | ")[0] for line in lines[2:5]] == [
+    assert [line.split(" | ")[0] for line in lines[2:6]] == [
         "| unprotected",
         "| idempotency (atomic)",
         "| replays",
+        "| an order's GET (the same view set)",
     ]
     assert "### idempotency (atomic): top 3 functions by own time" in result.stdout
 
@@ -151,13 +155,13 @@ def test_database_cost_measurement_runs_and_prints_its_tables():
 
 
 def _run(
-    script: str, *args: str, timeout: float | None = TIMEOUT
+    script: str, *args: str, timeout: float | None = TIMEOUT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a benchmark script as a user would; it must succeed."""
+    """Run a benchmark script as a user would; it must succeed. ``env`` overrides the default."""
     result = subprocess.run(
         [sys.executable, script, *args],
         cwd=ROOT,
-        env=_environment(),
+        env={**_environment(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
