@@ -56,7 +56,8 @@ INSERT INTO {TABLE} (
 )
 SELECT
     CONCAT('user:', seq %% 1000, ':bench.bulk'), md5(CONCAT(%(tag)s, seq)), 'bench.bulk',
-    md5(seq), 'POST', '/api/orders/', 'SUCCEEDED', md5(CONCAT('owner', seq)), NULL, 201,
+    UNHEX(md5(seq)), 'POST', '/api/orders/', 'SUCCEEDED', UNHEX(md5(CONCAT('owner', seq))),
+    NULL, 201,
     '[["Content-Type", "application/json"]]',
     CONCAT('{{"id": ', seq, ', "url": "http://127.0.0.1/api/orders/', seq,
         '/", "sku": "bench", "quantity": 1, "status": "PENDING", ',
