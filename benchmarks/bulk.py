@@ -79,7 +79,8 @@ INSERT INTO {TABLE} (
 )
 SELECT
     'user:1:' || %(operation)s, 'lost-' || g, %(operation)s, decode(md5(g::text), 'hex'), 'POST',
-    '/bench/orders/lease/', 'PROCESSING', decode(md5('lost' || g), 'hex'), now() - interval '5 minutes',
+    '/bench/orders/lease/', 'PROCESSING', decode(md5('lost' || g), 'hex'),
+    now() - interval '5 minutes',
     '[]'::jsonb, '', 1, 0, 1, now() - interval '10 minutes', now() - interval '10 minutes'
 FROM generate_series(1, %(rows)s) AS g
 """
