@@ -79,6 +79,8 @@ class Work:
     hot_updates: list[float] = field(default_factory=list)
     updates: list[float] = field(default_factory=list)
     dead_tuples: list[float] = field(default_factory=list)
+    # Bytes without full-page images, by relation and record type: where the WAL goes.
+    parts: dict[str, list[float]] = field(default_factory=dict)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,8 +286,10 @@ def _one_run(
     end = _lsn("pg_current_wal_flush_lsn()")
     time.sleep(1.0)  # pgbench's backend has exited: its statistics are in the shared view
     after = _table_statistics()
-    wal, full_pages, entries = _wal(start, end, relations)
+    wal, full_pages, entries, parts = _wal(start, end, relations)
     work.wal_bytes.append(wal / transactions)
+    for part, size in parts.items():
+        work.parts.setdefault(part, []).append(size / transactions)
     work.full_page_bytes.append(full_pages / transactions)
     work.index_entries.append(entries / transactions)
     for name in ("hot_updates", "updates", "dead_tuples"):
@@ -298,16 +302,17 @@ def _relations() -> dict[int, str]:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT c.relfilenode, c.relkind FROM pg_class c "
+            "SELECT c.relfilenode, c.relname FROM pg_class c "
             "LEFT JOIN pg_index i ON i.indexrelid = c.oid "
             "WHERE c.oid = ANY(%s::regclass[]) OR i.indrelid = ANY(%s::regclass[])",
             [["shop_order", bulk.TABLE, BEFORE_TABLE]] * 2,
         )
-        return {int(node): str(kind) for node, kind in cursor.fetchall()}
+        return {int(node): str(name) for node, name in cursor.fetchall()}
 
 
-def _wal(start: str, end: str, relations: dict[int, str]) -> tuple[int, int, int]:
-    """WAL bytes of this run's transactions, of which full-page images, and index entries."""
+def _wal(start: str, end: str, relations: dict[int, str]) -> tuple[int, int, int, dict[str, int]]:
+    """WAL bytes of this run's transactions, of which full-page images, index entries, and
+    the bytes without full-page images by relation and record type."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -327,7 +332,13 @@ def _wal(start: str, end: str, relations: dict[int, str]) -> tuple[int, int, int
         for row, nodes in counted
         if row[1] == "Btree" and row[2] in ("INSERT_LEAF", "INSERT_POST")
     )
-    return sum(row[3] for row, _ in counted), sum(row[4] for row, _ in counted), entries
+    parts: dict[str, int] = {}
+    for row, nodes in counted:
+        named = ", ".join(sorted(relations[node] for node in nodes)) or "-"
+        part = f"{named}: {row[1]} {row[2]}"
+        parts[part] = parts.get(part, 0) + row[3] - row[4]
+    wal, full_pages = sum(row[3] for row, _ in counted), sum(row[4] for row, _ in counted)
+    return wal, full_pages, entries, parts
 
 
 def _nodes(block_ref: str | None) -> set[int]:
@@ -438,8 +449,26 @@ def _work_table(work: dict[str, Work], transactions: int) -> str:
         f"protected / before issue 24 {ours / wal[BEFORE]:.2f}x, "
         f"written once / protected {wal[floor.WRITTEN_ONCE] / ours:.2f}x "
         f"(without full-page images {bare:.2f}x).",
+        "",
+        *_parts_table(work[floor.PROTECTED]),
     ]
     return "\n".join(rows)
+
+
+def _parts_table(measured: Work) -> list[str]:
+    """Where the protected create's WAL goes: per transaction, full-page images left out."""
+    parts = {part: _median(sizes) for part, sizes in measured.parts.items()}
+    rows = [
+        "Where the protected create's WAL goes (bytes per transaction, without full-page "
+        "images; a part under 1 byte left out):",
+        "",
+        "| relation: record | bytes |",
+        "|---|---:|",
+    ]
+    for part, size in sorted(parts.items(), key=lambda item: -item[1]):
+        if size >= 1:
+            rows.append(f"| {part} | {size:,.0f} |")
+    return rows
 
 
 def _bare(work: dict[str, Work], name: str) -> float:
