@@ -78,7 +78,9 @@ def _sent() -> Iterator[list[str]]:
     def execute(self: Any, query: Any, args: Any = None) -> Any:
         result = original(self, query, args)
         executed = self._executed
-        sent.append(executed.decode() if isinstance(executed, bytes) else str(executed))
+        # A digest column's literal is raw bytes (_binary'...'): kept as they were sent.
+        text = executed.decode(errors="surrogateescape") if isinstance(executed, bytes) else None
+        sent.append(text if text is not None else str(executed))
         return result
 
     BaseCursor.execute = execute  # type: ignore[method-assign]
@@ -88,7 +90,22 @@ def _sent() -> Iterator[list[str]]:
         BaseCursor.execute = original  # type: ignore[method-assign]
 
 
+# A quoted literal as mysqlclient writes it (escape_string's escapes); a digest column's
+# bytes are one too, written as they are.
+_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'", re.DOTALL)
+_UNESCAPED = {"0": "\0", "n": "\n", "r": "\r", "Z": "\x1a"}
+
+
+def _printable(literal: re.Match[str]) -> str:
+    """A literal of bytes that are no text as ``X'...'``: the same bytes, printable."""
+    text = re.sub(r"\\(.)", lambda escape: _UNESCAPED.get(escape[1], escape[1]), literal[1])
+    if text.isprintable():
+        return literal[0]
+    return f"X'{text.encode(errors='surrogateescape').hex()}'"
+
+
 def _template(sql: str, key: str) -> str:
+    sql = _LITERAL.sub(_printable, sql)
     sql = " ".join(sql.split())
     sql = sql.replace(key, f"floor-{KEY}")
     sql = re.sub(r"'idempotency:[0-9a-f]{48}'", f"'idempotency:{KEY}'", sql)  # the named lock
@@ -153,7 +170,8 @@ def _transaction(connection: Any, cursor: Any, script: list[str], key: str) -> N
             connection.commit()
             connection.autocommit(True)
         else:
-            cursor.execute(sql.replace(KEY, key).replace(RECORD_ID, record))
+            sql = sql.replace(KEY, key).replace(RECORD_ID, record)
+            cursor.execute(sql.encode(errors="surrogateescape"))
             row = cursor.fetchone() if cursor.description else None
             if row and f"FROM {RECORDS}" in sql:
                 record = str(row[0])
