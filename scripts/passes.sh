@@ -38,7 +38,10 @@
 # CI runs them on Django 5.2 LTS in .venv (PY), except the package pass, whose venv has the
 # newest Django the newest Python here takes (6.1 on 3.12+); postgres-prepared runs on 5.2
 # only when there is no such Python. PY is the Python that runs pytest (.venv/bin/python);
-# TEST_DATABASE_NAME, when set, names the test database of every database pass.
+# TEST_DATABASE_NAME, when set, names the test database of every database pass. The passes
+# on a server database run only the tests that reach a database (DATABASE_TESTS_ONLY,
+# tests/conftest.py): the rest run in the sqlite pass, and in the package pass on the
+# newest Django.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -90,15 +93,17 @@ run_pass() {
       ;;
     postgres)
       echo "== tests on PostgreSQL, $(versions)"
-      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 "$PY" -m pytest -m "$PG_TESTS" "$@"
+      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 DATABASE_TESTS_ONLY=1 "$PY" -m pytest -m "$PG_TESTS" "$@"
       ;;
     postgres-prepared)
       echo "== tests on PostgreSQL, prepared statements (server-side binding, prepare_threshold 0), $(versions)"
-      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 "$PY" -m pytest -q -m "$PG_TESTS and not benchmarks" "$@"
+      DATABASE_URL=$PG_URL REQUIRE_POSTGRES=1 PREPARED_STATEMENTS=1 DATABASE_TESTS_ONLY=1 \
+        "$PY" -m pytest -q -m "$PG_TESTS and not benchmarks" "$@"
       ;;
     mariadb)
       echo "== tests on MariaDB, $(versions)"
-      DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 "$PY" -m pytest -q -m "not postgres and not galera" "$@"
+      DATABASE_URL=$MARIADB_URL REQUIRE_MARIADB=1 DATABASE_TESTS_ONLY=1 \
+        "$PY" -m pytest -q -m "not postgres and not galera" "$@"
       ;;
     pgbouncer) pgbouncer_pass "$@" ;;
     replica)
@@ -175,12 +180,15 @@ pgbouncer_pass() {
 }
 
 ci() {
+  local began
   for name in $CI; do
     # Where a Python 3.12+ is here, the package pass runs this one on Django 6.1.
     if [ "$name" = postgres-prepared ] && [ -n "$(bash scripts/newest-python.sh)" ]; then
       continue
     fi
+    began=$SECONDS
     run_pass "$name" "$@"
+    echo "== pass $name took $((SECONDS - began)) s"
   done
 }
 

@@ -28,10 +28,26 @@ REQUIRED = {
 }
 
 
+# The fixtures through which a test reaches a database (pytest-django's and this suite's).
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "live_server"})
+
+
 def pytest_collection_modifyitems(config, items):
     for variable, (vendor, name) in REQUIRED.items():
         if os.environ.get(variable) and connection.vendor != vendor:
             raise pytest.UsageError(f"{variable} is set but DATABASE_URL does not point at {name}.")
+    if os.environ.get("DATABASE_TESTS_ONLY"):
+        # A pass on a second database runs what a database can change; the rest ran on
+        # SQLite already (pytest-django refuses a database to a test without its marker).
+        chosen = [item for item in items if _reaches_a_database(item)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+        items[:] = chosen
+
+
+def _reaches_a_database(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(name) for name in ("django_db", *NEEDS, "celery")):
+        return True
+    return bool(DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 @pytest.fixture(autouse=True)
