@@ -40,7 +40,7 @@ from typing import Any
 
 from django.db import DatabaseError, OperationalError, transaction
 
-from idempotency.compat import unlocked
+from idempotency.compat import unlocked, without_filter_on
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
 from idempotency.stores.base import Candidate, Contention, Found, Purged
 from idempotency.stores.generic import GenericStore
@@ -212,7 +212,8 @@ class MySQLStore(GenericStore):
         # The batch's last value and the one after it, read from the index alone: the
         # rows before the next one are at most a batch (all that remain, without one).
         size = int(batch.query.high_mark or 0)
-        ends = unlocked(batch).values_list(ordering, flat=True)
+        # Without the status, which is not in the index (the delete checks it).
+        ends = without_filter_on(unlocked(batch), "status").values_list(ordering, flat=True)
         ends.query.clear_limits()
         ends.query.set_limits(size - 1, size + 1)
         last, *after = list(ends) or [None]
