@@ -39,6 +39,7 @@ from functools import cached_property
 from typing import Any
 
 from django.db import DatabaseError, OperationalError, transaction
+from django.db.models import Max, Min
 
 from idempotency.compat import unlocked, without_filter_on
 from idempotency.models import IdempotencyRecord, IdempotencyRecordQuerySet
@@ -213,14 +214,20 @@ class MySQLStore(GenericStore):
         # rows before the next one are at most a batch (all that remain, without one).
         size = int(batch.query.high_mark or 0)
         # Without the status, which is not in the index (the delete checks it).
-        ends = without_filter_on(unlocked(batch), "status").values_list(ordering, flat=True)
-        ends.query.clear_limits()
-        ends.query.set_limits(size - 1, size + 1)
-        last, *after = list(ends) or [None]
+        ends = without_filter_on(unlocked(batch), "status")
+        values = ends.values_list(ordering, flat=True)
+        values.query.clear_limits()
+        values.query.set_limits(size - 1, size + 1)
+        last, *after = list(values) or [None]
         if last is None:  # fewer than a batch: the range is all there is
             deleted = self._delete_rows(batch, {})
             return Purged(deleted, None, deleted)
         bound = {f"{ordering}__lt": after[0]} if after else {}
+        # The batch's ids, from the same index entries: where ids follow the order (rows
+        # expire about as they were made), InnoDB reads the range in its primary key's
+        # order, without a look-up per row; it keeps the other index where they do not.
+        ids = ends.aggregate(lo=Min("pk"), hi=Max("pk"))
+        bound.update(pk__gte=ids["lo"], pk__lte=ids["hi"])
         # The next batch starts at ``last``: every purgeable row before the bound went.
         return Purged(self._delete_rows(batch, bound), last, size)
 
