@@ -139,6 +139,8 @@ class Measured:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
+    if args.mariadb:
+        return mariadb_main(args)
     database = Database.named(args.database)
     database.recreate()
     try:
@@ -512,6 +514,127 @@ def _setup(database: Database) -> list[str]:
     ]
 
 
+# MariaDB: the purge against one unbatched DELETE of the same rows, without the load
+# (the example project's server runs on PostgreSQL here). MariaDB's Sequence engine
+# makes the rows, as generate_series does on PostgreSQL: the same shapes as bulk.py's.
+MARIADB_FILL = f"""
+INSERT INTO {bulk.TABLE} (
+    scope, idem_key, operation, request_hash, request_method, request_path, status,
+    owner_token, lease_until, response_status, response_headers, response_body, resource_id,
+    attempts, recovery_attempts, version, created_at, updated_at, completed_at, expires_at
+)
+SELECT
+    concat('user:', seq %% 1000, ':bench.bulk'), md5(concat(%s, seq)), 'bench.bulk',
+    sha2(seq, 256), 'POST', '/api/orders/', 'SUCCEEDED', md5(concat('owner', seq)), NULL, 201,
+    '[["Content-Type", "application/json"]]',
+    concat('{{"id": ', seq, ', "url": "http://127.0.0.1/api/orders/', seq,
+        '/", "sku": "bench", "quantity": 1, "status": "PENDING", ',
+        '"created_at": "2026-01-01T00:00:00Z", "paid_at": null}}'),
+    seq, 1, 0, 2, utc_timestamp(6) - interval 2 day, utc_timestamp(6) - interval 2 day,
+    utc_timestamp(6) - interval 2 day,
+    utc_timestamp(6) - interval 1 day + interval seq * 1000 microsecond
+FROM seq_1_to_{{rows}}
+"""
+
+
+def mariadb_main(args: argparse.Namespace) -> int:
+    """``--mariadb URL``: on a database of that server, each way of purging ``--rounds`` times."""
+    from urllib.parse import urlsplit
+
+    import MySQLdb
+
+    server = urlsplit(args.mariadb)
+    admin = MySQLdb.connect(
+        host=server.hostname or "127.0.0.1",
+        port=server.port or 3306,
+        user=server.username or "root",
+        password=server.password or "",
+    )
+    admin.cursor().execute(f"DROP DATABASE IF EXISTS {args.database}")
+    admin.cursor().execute(f"CREATE DATABASE {args.database}")
+    try:
+        _mariadb_django(server._replace(path=f"/{args.database}").geturl())
+        document = _mariadb_rounds(args)
+    finally:
+        if not args.keep_database:
+            admin.cursor().execute(f"DROP DATABASE IF EXISTS {args.database}")
+    print(document)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(document)
+    print(f"(written to {args.output})", file=sys.stderr)
+    return 0
+
+
+def _mariadb_django(url: str) -> None:
+    import logging
+
+    import django
+    from django.core.management import call_command
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["DATABASE_URL"] = url
+    django.setup()
+    logging.getLogger("idempotency").setLevel(logging.ERROR)
+    call_command("migrate", verbosity=0)
+
+
+def _mariadb_rounds(args: argparse.Namespace) -> str:
+    from django.utils import timezone
+
+    from idempotency.models import IdempotencyRecord
+
+    ours = strategies(args.batch_size)[0]
+
+    def single_delete(batches: Batches) -> int:
+        started = time.perf_counter()
+        deleted, _ = IdempotencyRecord.objects.filter(expires_at__lte=timezone.now()).delete()
+        batches.add(deleted, time.perf_counter() - started)
+        return deleted
+
+    ways = [ours, Strategy("one unbatched DELETE (QuerySet.delete())", single_delete)]
+    seconds: dict[str, list[float]] = {way.name: [] for way in ways}
+    batches: dict[str, Batches] = {way.name: Batches() for way in ways}
+    for round_ in range(args.rounds):
+        for way in ways[round_ % 2 :] + ways[: round_ % 2]:  # each goes first in turn
+            _step(f"{way.name}: filling {args.records:,} expired records")
+            bulk.execute(f"DELETE FROM {bulk.TABLE}")
+            bulk.execute(MARIADB_FILL.replace("{rows}", str(args.records)), [f"{round_}{way.name}"])
+            bulk.execute(f"ANALYZE TABLE {bulk.TABLE}")
+            _step(f"{way.name}: purging")
+            took, _ = bulk.timed(lambda way=way: way.run(batches[way.name]))
+            seconds[way.name].append(took)
+    return _mariadb_render(args, ways, seconds, batches)
+
+
+def _mariadb_render(
+    args: argparse.Namespace,
+    ways: list[Strategy],
+    seconds: dict[str, list[float]],
+    batches: dict[str, Batches],
+) -> str:
+    single = statistics.median(seconds[ways[1].name])
+    parts = [
+        "# Purge on MariaDB, against one unbatched DELETE",
+        "",
+        f"- {args.records:,} expired records made by one INSERT ... SELECT FROM seq_1_to_n, "
+        f"then ANALYZE TABLE, before each; {args.rounds} rounds, each way first in turn; no load.",
+        f"- Machine: {os.cpu_count()} cores, load average at the end "
+        + ", ".join(f"{value:.2f}" for value in os.getloadavg()),
+        "",
+        "| purge | seconds, each round | median | rows/s / one DELETE's | batches "
+        "| median batch rows | longest batch s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for way in ways:
+        taken, done = seconds[way.name], batches[way.name]
+        parts.append(
+            f"| {way.name} | {', '.join(f'{value:.2f}' for value in taken)} "
+            f"| {statistics.median(taken):.2f} | {single / statistics.median(taken):.2f} "
+            f"| {len(done.rows)} | {done.median_rows:,} | {max(done.seconds, default=0):.3f} |"
+        )
+    return "\n".join([*parts, ""])
+
+
 def _step(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -537,6 +660,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="database to create (and drop) on the server of BENCH_DATABASE_URL",
     )
     parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument(
+        "--mariadb",
+        metavar="URL",
+        help="on MariaDB (mysql://root@127.0.0.1:3306/): the purge against one DELETE, no load",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --mariadb: fills per way")
     parser.add_argument(
         "--output", type=Path, default=ROOT / "benchmarks" / "results" / "purge-scale.md"
     )

@@ -137,3 +137,22 @@ def unlocked(queryset: QuerySet[Any]) -> QuerySet[Any]:
     clone = queryset.all()
     clone.query.select_for_update = False
     return clone
+
+
+def without_filter_on(queryset: QuerySet[Any], name: str) -> QuerySet[Any]:
+    """``queryset`` without its own filters on the field ``name`` (the purge's range bound).
+
+    Public path: a queryset built without them. The purge's batch is built once, with
+    every filter (``retention.purgeable``); the bound of a batch's range needs only the
+    filters its index holds, so that the database reads the index alone (the status is
+    checked again by the delete). A queryset offers no way to drop a filter but the
+    children of its query's ``WHERE``, whose top level ANDs each ``filter()``'s lookups.
+    """
+    clone = queryset.all()
+    where = clone.query.where
+    where.children = [
+        child
+        for child in where.children
+        if getattr(getattr(getattr(child, "lhs", None), "target", None), "name", None) != name
+    ]
+    return clone

@@ -25,8 +25,9 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, TextField
 from django.db.models.expressions import RawSQL
+from django.db.models.sql import DeleteQuery
 
-from idempotency.compat import record_from_db, sql_literal, unlocked
+from idempotency.compat import record_from_db, sql_literal, unlocked, without_filter_on
 from idempotency.models import (
     PURGEABLE,
     REPLAYABLE,
@@ -236,11 +237,55 @@ class PostgresStore(PostgresNotifications):
         try:
             # A savepoint: the lock wait's error rolls back this statement only.
             with transaction.atomic(using=self.alias), self.bounded_lock_wait(OPTIMISTIC_LOCK_WAIT):
-                return self._delete_by_ctid(batch, ordering, locked=False, keys=keys)
+                return self._delete_unlocked(batch, ordering, keys=keys)
         except OperationalError as error:
             if self.contention(error) is None:
                 raise
         return self._delete_by_ctid(batch, ordering, locked=True, keys=keys)
+
+    def _delete_unlocked(
+        self, batch: IdempotencyRecordQuerySet, ordering: str, *, keys: bool
+    ) -> Purged:
+        """The batch as a range of ``ordering``; by ``ctid`` where that range is empty.
+
+        The range is one index scan that deletes as it reads, as an unbatched
+        ``DELETE`` does: choosing the rows first and then deleting them by
+        ``ctid`` reads each twice, which cost a sixth more (docs/performance.md).
+        A range is empty where more rows than a batch share one value (a bulk
+        update gave them one ``expires_at``): those go by ``ctid``, a batch at a time.
+        """
+        purged = self._delete_range(batch, ordering, keys=keys)
+        if purged.deleted == 0 and purged.picked == batch.query.high_mark:
+            return self._delete_by_ctid(batch, ordering, locked=False, keys=keys)
+        return purged
+
+    def _delete_range(
+        self, batch: IdempotencyRecordQuerySet, ordering: str, *, keys: bool
+    ) -> Purged:
+        # The bound is the value of the row after the batch's last: the rows before it
+        # are at most a batch. Without such a row (the last batch) the range is open.
+        size = int(batch.query.high_mark or 0)
+        # Without the status, which is not in the index (the delete checks it): an
+        # index-only scan where the visibility map allows it.
+        bound = without_filter_on(unlocked(batch), "status")
+        bound.query.clear_limits()
+        bound.query.set_limits(size, size + 1)
+        bound_sql, bound_params = bound.values(ordering).query.get_compiler(self.alias).as_sql()
+        # Every filter of the batch (statuses, scope, the keyset's floor) on the delete itself.
+        rows = unlocked(batch)
+        rows.query.clear_limits()
+        rows.query.clear_ordering(force=True)
+        rows = rows.filter(**{f"{ordering}__lt": RawSQL(BEFORE_BOUND, ())})
+        delete = rows.query.chain(DeleteQuery)
+        delete_sql, delete_params = delete.get_compiler(self.alias).as_sql()
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                self.sql.delete_range(bound_sql, delete_sql, ordering, keys=keys),
+                (*bound_params, *delete_params, size),
+            )
+            picked, count, last, *deleted_keys = cursor.fetchone()
+        pairs = tuple(zip(*deleted_keys, strict=True)) if keys and count else ()
+        return Purged(int(count), last, int(picked), pairs)
 
     def _delete_by_ctid(
         self, batch: IdempotencyRecordQuerySet, ordering: str, *, locked: bool, keys: bool
@@ -331,6 +376,9 @@ _RESTORE = (
     f"set_config('lock_timeout', COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
     "current_setting('lock_timeout')), true)"
 )
+# The end of a purge batch's range (``PostgresStatements.delete_range``): its bound, or
+# past every value where there was none.
+BEFORE_BOUND = "(SELECT coalesce(value, 'infinity') FROM bound)"
 # Sets lock_timeout for the transaction and returns the value it replaced, in one trip.
 SET_LOCK_TIMEOUT = (
     "SELECT previous, set_config('lock_timeout', %s, true) FROM "
@@ -460,10 +508,7 @@ class PostgresStatements:
         """
         column = self._quote(field(ordering).column)
         purgeable = ", ".join(f"'{status.value}'" for status in PURGEABLE)
-        pk, scope, key = self.column("id"), self.column("scope"), self.column("idem_key")
-        # Each column once: the ordering may be the primary key (purge --older-than).
-        returned = ", ".join(dict.fromkeys([column, pk, *((scope, key) if keys else ())]))
-        pairs = f", array_agg({scope}), array_agg({key})" if keys else ""
+        returned, pairs = self._returned(column, keys)
         return (
             f"WITH picked AS MATERIALIZED (SELECT ARRAY({ctids}) AS ctids), "
             f"gone AS (DELETE FROM {self.table} "
@@ -473,6 +518,31 @@ class PostgresStatements:
             f"SELECT (SELECT cardinality(ctids) FROM picked), count(*), max({column}){pairs} "
             "FROM gone"
         )
+
+    def delete_range(self, bound: str, delete: str, ordering: str, *, keys: bool = False) -> str:
+        """``delete`` (whose rows lie below ``BEFORE_BOUND``) after ``bound`` (the value that
+        ends the batch, or none): a batch's size where there was a bound, else the count;
+        the count, the last ``ordering`` (with ``keys``, the scopes and keys).
+
+        The bound is a CTE computed once, before the delete: the delete's index scan
+        stops at it. The deleted records' steps go in the same statement.
+        """
+        column = self._quote(field(ordering).column)
+        returned, pairs = self._returned(column, keys)
+        return (
+            f"WITH bound AS MATERIALIZED (SELECT ({bound}) AS value), "
+            f"gone AS ({delete} RETURNING {returned}), {self._steps_of('gone')} "
+            "SELECT CASE WHEN (SELECT value FROM bound) IS NULL THEN count(*) ELSE %s END, "
+            f"count(*), max({column}){pairs} FROM gone"
+        )
+
+    def _returned(self, column: str, keys: bool) -> tuple[str, str]:
+        """What a purge's delete returns, and the aggregates of the keys (with ``keys``)."""
+        pk, scope, key = self.column("id"), self.column("scope"), self.column("idem_key")
+        # Each column once: the ordering may be the primary key (purge --older-than).
+        returned = ", ".join(dict.fromkeys([column, pk, *((scope, key) if keys else ())]))
+        pairs = f", array_agg({scope}), array_agg({key})" if keys else ""
+        return returned, pairs
 
     @cached_property
     def delete_records(self) -> str:

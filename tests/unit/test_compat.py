@@ -197,3 +197,15 @@ def test_an_unlocked_batch_is_the_batch_built_without_its_lock() -> None:
     assert locked.query.select_for_update  # the batch it was given keeps its lock
     if connection.features.has_select_for_update_skip_locked:
         assert "SKIP LOCKED" in str(locked.query) and "FOR UPDATE" not in built_without
+
+
+# --- without_filter_on: a queryset built without the filters on one field -------------------
+
+
+@pytest.mark.django_db
+def test_a_batch_without_its_status_filter_is_the_batch_built_without_it() -> None:
+    recent = IdempotencyRecord.objects.filter(expires_at__isnull=False)
+    records = recent.filter(status__in=["SUCCEEDED"], scope="s").order_by("expires_at")[:10]
+    built_without = str(recent.filter(scope="s").order_by("expires_at")[:10].query)
+    assert str(compat.without_filter_on(records, "status").query) == built_without
+    assert "status" in str(records.query)  # the batch it was given keeps its filter

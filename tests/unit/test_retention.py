@@ -240,15 +240,27 @@ def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
         assert purge(batch_size=2) == 5
     deletes = [query["sql"] for query in queries if "DELETE" in query["sql"]]
     assert len(deletes) == 3  # 2 + 2 + 1: one statement a batch
-    # The chosen rows' ctids in one array, deleted by a TID scan of it.
-    assert all(
-        sql.startswith("WITH picked AS MATERIALIZED (SELECT ARRAY(SELECT (ctid)") for sql in deletes
-    )
-    assert all("WHERE ctid = ANY((SELECT ctids FROM picked)::tid[])" in sql for sql in deletes)
+    # A range of expires_at, ended by the value after the batch's last, read and deleted
+    # by one index scan.
+    assert all(sql.startswith("WITH bound AS MATERIALIZED (SELECT (SELECT") for sql in deletes)
+    assert all("< ((SELECT coalesce(value, 'infinity') FROM bound))" in sql for sql in deletes)
     # Nothing held: no row is locked before it is deleted (a lock is a second write).
     assert not any("FOR UPDATE" in sql for sql in deletes)
     assert '"expires_at" >=' not in deletes[0]
     assert all('"expires_at" >=' in sql for sql in deletes[1:])
+
+
+def test_more_ties_than_a_batch_go_a_batch_at_a_time():
+    # Rows sharing one expires_at (a bulk update gave it them) leave a range empty: the
+    # batch takes them another way, still at most a batch.
+    moment = timezone.now() - timedelta(hours=1)
+    for _ in range(5):
+        IdempotencyRecordFactory(succeeded=True, expires_at=moment)
+    live = IdempotencyRecordFactory(succeeded=True)
+    done: list[int] = []
+    assert purge(batch_size=2, progress=lambda progress: done.append(progress.done)) == 5
+    assert done == [2, 4, 5]
+    assert list(IdempotencyRecord.objects.all()) == [live]
 
 
 # Batches sized by time: fed durations, not timed, so that a busy machine cannot flake them.
