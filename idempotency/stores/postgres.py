@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, TextField
+from django.db.models import DateTimeField, Field, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import DeleteQuery
 
@@ -275,7 +275,7 @@ class PostgresStore(PostgresNotifications):
         rows = unlocked(batch)
         rows.query.clear_limits()
         rows.query.clear_ordering(force=True)
-        rows = rows.filter(**{f"{ordering}__lt": RawSQL(BEFORE_BOUND, ())})
+        rows = rows.filter(**{f"{ordering}__lt": RawSQL(before_bound(ordering), ())})
         delete = rows.query.chain(DeleteQuery)
         delete_sql, delete_params = delete.get_compiler(self.alias).as_sql()
         with self.connection.cursor() as cursor:
@@ -376,9 +376,6 @@ _RESTORE = (
     f"set_config('lock_timeout', COALESCE(NULLIF(current_setting('{_SAVED}', true), ''), "
     "current_setting('lock_timeout')), true)"
 )
-# The end of a purge batch's range (``PostgresStatements.delete_range``): its bound, or
-# past every value where there was none.
-BEFORE_BOUND = "(SELECT coalesce(value, 'infinity') FROM bound)"
 # Sets lock_timeout for the transaction and returns the value it replaced, in one trip.
 SET_LOCK_TIMEOUT = (
     "SELECT previous, set_config('lock_timeout', %s, true) FROM "
@@ -520,7 +517,7 @@ class PostgresStatements:
         )
 
     def delete_range(self, bound: str, delete: str, ordering: str, *, keys: bool = False) -> str:
-        """``delete`` (whose rows lie below ``BEFORE_BOUND``) after ``bound`` (the value that
+        """``delete`` (whose rows lie below ``before_bound``) after ``bound`` (the value that
         ends the batch, or none): a batch's size where there was a bound, else the count;
         the count, the last ``ordering`` (with ``keys``, the scopes and keys).
 
@@ -738,6 +735,13 @@ def field(name: str) -> Field[Any, Any]:
     found = IdempotencyRecord._meta.get_field(name)
     assert isinstance(found, Field)
     return found
+
+
+def before_bound(ordering: str) -> str:
+    """The end of a purge batch's range (``PostgresStatements.delete_range``): its bound, or
+    past every value of ``ordering`` (a time, or the primary key) where there was none."""
+    past_every = "'infinity'" if isinstance(field(ordering), DateTimeField) else str(2**63 - 1)
+    return f"(SELECT coalesce(value, {past_every}) FROM bound)"
 
 
 assert Candidate._fields == PER_REQUEST_ORDER  # ``claim`` passes a candidate as it is
