@@ -230,6 +230,19 @@ def test_older_than_batches_by_creation_time():
     assert purge(older_than=timedelta(days=7), batch_size=2) == 5
 
 
+def test_older_than_takes_every_old_record_past_a_replaced_one():
+    """Ids grow with created_at, but a record replaced by a new request keeps its id and
+    gets a new created_at: the bisection for the first young id must not stop at it."""
+    now, old = timezone.now(), timezone.now() - timedelta(days=30)
+    ages = [old] * 40
+    ages[19] = now  # replaced yesterday, where the bisection reads first
+    ages[35:] = [now] * 5  # made since the cut
+    records = [IdempotencyRecordFactory(succeeded=True, created_at=age) for age in ages]
+    assert purge(older_than=timedelta(days=7), batch_size=8) == 34
+    young = {records[19].pk, *(record.pk for record in records[35:])}
+    assert set(IdempotencyRecord.objects.values_list("pk", flat=True)) == young
+
+
 @pytest.mark.postgres
 def test_on_postgresql_each_batch_is_one_statement_from_where_the_last_ended():
     for minutes in range(5):
