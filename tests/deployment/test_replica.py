@@ -138,7 +138,7 @@ def operation(key: str, wait: float = 0.0) -> Operation:
     return Operation(
         scope="replica-tests",
         key=key,
-        request_hash="h",
+        request_hash="ab" * 16,
         name="tests.replica",
         mode="lease",
         wait_seconds=wait,

@@ -115,8 +115,8 @@ from django.utils import timezone
 from idempotency.models import IdempotencyRecord, Status
 past = timezone.now() - timedelta(minutes=5)
 def record(key, **fields):
-    return IdempotencyRecord(scope="topology", idem_key=key, request_hash="h",
-                             owner_token="t-" + key, **fields)
+    return IdempotencyRecord(scope="topology", idem_key=key, request_hash=bytes(16),
+                             owner_token=("t-" + key).encode(), **fields)
 IdempotencyRecord.objects.bulk_create(
     [record(f"lost-{{i}}", operation="topology.lost", status=Status.PROCESSING, lease_until=past)
      for i in range({LOST})]
