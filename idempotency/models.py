@@ -44,9 +44,9 @@ class DigestField(models.BinaryField):
 
     ``bytea`` on PostgreSQL, ``BLOB`` on SQLite, ``longblob`` on MySQL and MariaDB
     (InnoDB keeps so short a value in the row, with a one-byte length): 17 bytes
-    of a row where their hexadecimal text took 33 and 65. Always ``bytes`` in
-    Python (psycopg 2 and some drivers hand back a ``memoryview``), so that ``==``
-    compares them as the protocol means.
+    of a row where their hexadecimal text took 33 and 65. ``bytes`` in Python (psycopg 2
+    hands back a ``memoryview``, which compares equal to the same bytes; the replay
+    cache keeps ``bytes``). No converter: it would cost every read of a record a call.
     """
 
     LENGTH = 16
@@ -54,9 +54,6 @@ class DigestField(models.BinaryField):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["max_length"] = self.LENGTH
         super().__init__(*args, **kwargs)
-
-    def from_db_value(self, value: bytes | memoryview | None, *args: Any) -> bytes | None:
-        return None if value is None else bytes(value)
 
 
 class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):

@@ -201,8 +201,10 @@ _FIELDS = (
 
 def _entry(record: IdempotencyRecord, ends: float | None) -> dict[str, Any]:
     entry = {name: getattr(record, name) for name in _FIELDS}
+    # bytes, never a driver's memoryview (psycopg 2's), which would not pickle.
     body = entry["response_body"]
     entry["response_body"] = None if body is None else bytes(body)
+    entry["request_hash"] = bytes(entry["request_hash"])
     entry["status"] = str(entry["status"])
     entry["expires"] = ends  # seconds since the epoch; None: kept until an operator acts
     return entry

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
+from functools import cache, partial
 from typing import Any, TypeVar
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
@@ -91,7 +91,8 @@ class Operation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", bounded_scope(self.scope))
-        object.__setattr__(self, "request_hash", digest_of(self.request_hash))
+        if not isinstance(self.request_hash, bytes):  # hexadecimal text, as a caller may give it
+            object.__setattr__(self, "request_hash", digest_of(self.request_hash))
         database = records_database(self.using, scope=self.scope)
         object.__setattr__(self, "database", database)
         object.__setattr__(self, "store", store_for(database))
@@ -145,9 +146,9 @@ def bounded_scope(scope: str) -> str:
     return f"{scope[: width - len(digest) - 1]}#{digest}"
 
 
-def new_owner_token() -> bytes:
-    """The random token of a new attempt: only the attempt holding it may write its record."""
-    return secrets.token_bytes(DIGEST_BYTES)
+# The random token of a new attempt (``new_owner_token()``): only the attempt holding it
+# may write its record. Sixteen bytes, the record's ``owner_token``.
+new_owner_token: Callable[[], bytes] = partial(secrets.token_bytes, DIGEST_BYTES)
 
 
 @dataclass
