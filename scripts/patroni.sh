@@ -107,7 +107,9 @@ start_node() {
   local n=$1
   if alive "$DIR/patroni$n.pid"; then return; fi
   [ -s "$DIR/patroni$n.yml" ] || config "$n" >"$DIR/patroni$n.yml"
-  "${AS_POSTGRES[@]}" patroni "$DIR/patroni$n.yml" >>"$DIR/patroni$n.log" 2>&1 &
+  # From its own directory: its processes re-enter the working directory, which a clone in
+  # a private temporary directory (mktemp -d) does not let the postgres user into.
+  (cd "$DIR" && exec "${AS_POSTGRES[@]}" patroni "$DIR/patroni$n.yml" >>"$DIR/patroni$n.log" 2>&1) &
   echo $! >"$DIR/patroni$n.pid"
 }
 
