@@ -269,9 +269,7 @@ class Tally:
 
 def tally(failover: Failover) -> Tally:
     prefix = f"ha-{failover.run}-%"
-    orders: dict[str, list[int]] = {}
-    for sku, order in query("SELECT sku, id FROM shop_order WHERE sku LIKE %s", prefix):
-        orders.setdefault(sku, []).append(order)
+    orders = orders_by_key(failover)
     acknowledged = failover.answers.acknowledged()
     lost = [key for key, answer in acknowledged.items() if answer.order not in orders.get(key, [])]
     (processing,) = query(
@@ -292,15 +290,32 @@ def tally(failover: Failover) -> Tally:
     )
 
 
+def orders_by_key(failover: Failover) -> dict[str, list[int]]:
+    orders: dict[str, list[int]] = {}
+    for sku, order in query(
+        "SELECT sku, id FROM shop_order WHERE sku LIKE %s", f"ha-{failover.run}-%"
+    ):
+        orders.setdefault(sku, []).append(order)
+    return orders
+
+
 def retry_every_key(failover: Failover) -> list[str]:
-    """One more retry of every key: the keys not answered with their acknowledged order."""
+    """One more retry of every key: the keys not answered with the replay of their order.
+
+    The order is the acknowledged one, or, for a key whose create was answered
+    ``outcome_unknown`` (its COMMIT landed, its acknowledgement died with the primary)
+    and whose retries were replays, the one order the database holds for it.
+    """
     acknowledged = failover.answers.acknowledged()
+    orders = orders_by_key(failover)
     wrong = []
     for key in failover.keys:
         again = until_answered(failover.server, key, Answers(), deadline=30)
         first = acknowledged.get(key)
-        if not (again.status == 201 and again.replayed and first and again.order == first.order):
-            wrong.append(key)
+        expected = first.order if first else (orders.get(key) or [None])[0]
+        if not (again.status == 201 and again.replayed and again.order == expected):
+            history = [(a.status, a.code, a.replayed, a.order) for a in failover.answers.of(key)]
+            wrong.append(f"{key}: retried {again}, expected {expected}, earlier {history}")
     return wrong
 
 

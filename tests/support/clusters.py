@@ -88,6 +88,10 @@ class Answers:
             self.all.append(answer)
         return answer
 
+    def of(self, key: str) -> list[Answer]:
+        """The answers ``key`` got, in the order they came."""
+        return sorted((a for a in self.all if a.key == key), key=lambda a: a.answered)
+
     def by_kind(self) -> Counter[tuple[int, str]]:
         return Counter(answer.kind for answer in self.all)
 
