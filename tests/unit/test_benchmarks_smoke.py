@@ -135,6 +135,17 @@ def test_hot_update_measurement_runs_and_prints_its_table():
     assert "| as shipped (fillfactor 100, every index) |" in result.stdout
 
 
+def test_record_layouts_measurement_runs_and_prints_its_table():
+    result = _run(
+        "benchmarks/record_layouts.py",
+        *("--transactions", "20", "--rounds", "1", "--database", _database("layouts")),
+    )
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 5  # the header and every layout
+    assert "| as shipped | " in result.stdout and "| 1.00x |" in result.stdout
+    assert "Heap HOT_UPDATE" in result.stdout  # the finish, read from the WAL
+
+
 def test_database_cost_measurement_runs_and_prints_its_tables():
     result = _run(
         "benchmarks/database_cost.py",
