@@ -35,7 +35,7 @@ from idempotency import signals
 from idempotency.conf import idempotency_settings, retention_for
 from idempotency.exceptions import KeyInUse, KeyReused
 from idempotency.models import REPLAYABLE, IdempotencyRecord, Status
-from idempotency.protocol.operation import Attempt, Operation, new_owner_token
+from idempotency.protocol.operation import Attempt, Operation, Taken, new_owner_token
 from idempotency.protocol.states import recover
 from idempotency.resolvers import resolver_for
 from idempotency.stores import Candidate, Found
@@ -58,13 +58,14 @@ class InFlightHere(Exception):
         self.found = found
 
 
-def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
+def claim(operation: Operation, *, one_statement: bool = True, announce: bool = True) -> Claimed:
     """Claim the record inside the caller's transaction.
 
     Returns ``(attempt, None)`` when this call owns the record and must run the
     work, or ``(None, found)`` when a recorded outcome must be replayed (or,
     after a lost lease the resolver could not settle, answered "in use" once the
-    transaction has committed what recovery wrote).
+    transaction has committed what recovery wrote). ``announce=False`` leaves
+    ``record_claimed`` to the caller, to send once the claim has committed.
     """
     token = new_owner_token()
     found = _claim_in_one_statement(operation, token) if one_statement else None
@@ -72,7 +73,10 @@ def claim(operation: Operation, *, one_statement: bool = True) -> Claimed:
         store = operation.store
         with ContentionAnswered(operation), store.bounded_lock_wait(operation.lock_wait):
             found = _insert_or_lock(operation, token)
-    return _settle(operation, found, token)
+    claimed = _settle(operation, found, token)
+    if announce:
+        _announce(claimed)
+    return claimed
 
 
 def claim_committed(operation: Operation) -> Claimed:
@@ -83,15 +87,20 @@ def claim_committed(operation: Operation) -> Claimed:
     the locked path, in a transaction of its own.
     """
     connection = transaction.get_connection(operation.database)
-    if connection.get_autocommit():
-        token = new_owner_token()
-        found = _claim_in_one_statement(operation, token)
-        if found is not None:
-            return _settle(operation, found, token)
+    if not connection.get_autocommit():
+        # Inside the caller's transaction: committed with it, announced as in atomic mode.
         with transaction.atomic(using=operation.database):
-            return claim(operation, one_statement=False)  # it was just tried
-    with transaction.atomic(using=operation.database):
-        return claim(operation)
+            return claim(operation)
+    token = new_owner_token()
+    found = _claim_in_one_statement(operation, token)
+    if found is not None:
+        claimed = _settle(operation, found, token)
+    else:
+        with transaction.atomic(using=operation.database):
+            claimed = claim(operation, one_statement=False, announce=False)  # it was just tried
+    # Announced once committed: a claim whose COMMIT failed was never made.
+    _announce(claimed)
+    return claimed
 
 
 def _settle(operation: Operation, found: Found, token: bytes) -> Claimed:
@@ -196,14 +205,22 @@ def _claimed(
     leased = reclaimed or replaced  # ``_reclaim`` took the lease
     if operation.lease is not None and not leased and record.lease_until is None:
         operation.store.renew(record.pk, token, operation.lease)
+    taken: Taken = "replaced" if replaced else "reclaimed" if reclaimed else "new"
+    return Attempt(operation=operation, record=record, owner_token=token, taken=taken)
+
+
+def _announce(claimed: Claimed) -> None:
+    """``record_claimed``, for a claim that made this request the record's attempt."""
+    attempt = claimed[0]
+    if attempt is None:
+        return
     signals.record_claimed.send(
         IdempotencyRecord,
-        record=record,
-        operation=operation,
-        reclaimed=reclaimed,
-        replaced=replaced,
+        record=attempt.record,
+        operation=attempt.operation,
+        reclaimed=attempt.taken == "reclaimed",
+        replaced=attempt.taken == "replaced",
     )
-    return Attempt(operation=operation, record=record, owner_token=token)
 
 
 def _reclaim(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache, partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from idempotency.conf import InFlight, Mode, idempotency_settings
 from idempotency.exceptions import LeaseLost
@@ -151,6 +151,9 @@ def bounded_scope(scope: str) -> str:
 new_owner_token: Callable[[], bytes] = partial(secrets.token_bytes, DIGEST_BYTES)
 
 
+Taken = Literal["new", "reclaimed", "replaced"]
+
+
 @dataclass
 class Attempt:
     """The claim held by the running work; lets long work renew its lease."""
@@ -160,6 +163,9 @@ class Attempt:
     owner_token: bytes
     resource_id: str = ""
     started: float = field(default_factory=time.monotonic)  # this process's clock, for durations
+    # How the claim took the record: a new one, a FAILED_RETRYABLE one claimed again, or an
+    # expired one taken over as a new request's (what ``record_claimed`` says).
+    taken: Taken = "new"
 
     def columns(self, outcome: Outcome) -> dict[str, Any]:
         """The record's columns that hold ``outcome`` (its resource id, else the attempt's)."""

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
+from django.db.models.functions import Now
 from django.dispatch import Signal
 
 from idempotency import signals
@@ -93,6 +97,42 @@ def test_reclaim_of_a_retryable_record(capture):
     run(operation())
     (event,) = claimed
     assert event["reclaimed"] is True
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("expired", [False, True], ids=["reclaimed", "replaced"])
+def test_a_lease_mode_claim_on_the_locked_path_is_announced_once_committed(expired):
+    """A reclaim or takeover locks the row in a transaction of its own: the signal follows its
+    COMMIT, so a receiver never hears of a claim whose COMMIT then failed."""
+    record = IdempotencyRecordFactory(
+        failed_retryable=True,
+        scope="user:1:orders.create",
+        idem_key=KEY,
+        request_hash=digest_of(HASH),
+    )
+    if expired:
+        IdempotencyRecord.objects.filter(pk=record.pk).update(expires_at=Now() - timedelta(1))
+    seen: list[tuple[bool, bool]] = []
+
+    def committed_status(sender: Any, record: IdempotencyRecord, **kwargs: Any) -> None:
+        def read() -> None:  # another thread: another connection, which sees only commits
+            stored = IdempotencyRecord.objects.get(pk=record.pk)
+            seen.append(
+                (stored.status == Status.PROCESSING, stored.owner_token == record.owner_token)
+            )
+            connections.close_all()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join()
+
+    signals.record_claimed.connect(committed_status, weak=False)
+    try:
+        run(operation("lease"))
+    finally:
+        signals.record_claimed.disconnect(committed_status)
+    assert seen == [(True, True)]
 
 
 def test_completion(capture):
