@@ -13,7 +13,7 @@ resolved, never deleted (its first run may have had its effect).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -33,7 +33,6 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from idempotency import recovery, replay_cache
-from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyRecord, IdempotencyStep, Status
 from idempotency.outcomes import StoredResponse
 from idempotency.stores import records_database, store_for
@@ -66,14 +65,14 @@ class MarkSucceededForm(forms.Form):
                 min_value=200,
                 max_value=299,
                 required=False,
-                initial=_stored_status(record),
+                initial=recovery.stored_status(record),
                 help_text=_("The status repeats get (2xx)."),
             )
             self.fields[f"content_type_{record.pk}"] = forms.CharField(
                 label=_("content type"),
                 max_length=255,
                 required=False,
-                initial=_stored_content_type(record) or JSON,
+                initial=recovery.stored_content_type(record) or recovery.JSON,
                 help_text=_("Sent with a body; blank: application/json."),
             )
             self.fields[f"body_{record.pk}"] = forms.CharField(
@@ -81,7 +80,7 @@ class MarkSucceededForm(forms.Form):
                 required=False,
                 strip=False,
                 widget=forms.Textarea(attrs={"rows": 3, "cols": 40}),
-                initial=_stored_text(record),
+                initial=recovery.stored_text(record),
                 help_text=_("The body repeats get, e.g. the created resource's JSON."),
             )
 
@@ -97,17 +96,17 @@ class MarkSucceededForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        self.responses: dict[int, StoredResponse] = {}
         for record in self.records:
-            body, name = cleaned.get(f"body_{record.pk}") or "", f"body_{record.pk}"
-            content_type = cleaned.get(f"content_type_{record.pk}") or JSON
-            if len(body.encode()) > idempotency_settings.MAX_RESPONSE_BYTES:
-                self.add_error(name, gettext("Larger than MAX_RESPONSE_BYTES."))
-            # A task's or function's repeats return the body's JSON: it must be JSON too.
-            elif body.strip() and (_is_json(content_type) or not record.request_method):
-                try:
-                    json.loads(body)
-                except ValueError as error:
-                    self.add_error(name, gettext("Not JSON: %(error)s.") % {"error": error})
+            try:
+                self.responses[record.pk] = recovery.operator_response(
+                    record,
+                    status=cleaned.get(f"status_{record.pk}"),
+                    body=cleaned.get(f"body_{record.pk}") or "",
+                    content_type=cleaned.get(f"content_type_{record.pk}") or "",
+                )
+            except ValueError as error:
+                self.add_error(f"body_{record.pk}", str(error))
         return cleaned
 
     def resource_id(self, record: IdempotencyRecord) -> str | None:
@@ -116,40 +115,11 @@ class MarkSucceededForm(forms.Form):
 
     def response(self, record: IdempotencyRecord) -> StoredResponse:
         """What repeats of ``record``'s key get, as the operator gave it."""
-        status = self.cleaned_data.get(f"status_{record.pk}") or _stored_status(record)
-        body = (self.cleaned_data.get(f"body_{record.pk}") or "").encode()
-        content_type = (self.cleaned_data.get(f"content_type_{record.pk}") or "").strip() or JSON
-        headers = [("Content-Type", content_type)] if body else []
-        # b"", not None: None is a body too large to store, replayed as "omitted".
-        return StoredResponse(status=status, headers=headers, body=body)
+        return self.responses[record.pk]
 
 
 # The fields of the answer repeats get, beside the resource id, in the form's columns.
 _ANSWER_FIELDS = ("status", "content_type", "body")
-JSON = "application/json"
-
-
-def _stored_status(record: IdempotencyRecord) -> int:
-    # Nothing stored (a lost attempt): a create's usual 201 for a POST, else 200.
-    if record.response_status:
-        return record.response_status
-    return 201 if record.request_method.upper() == "POST" else 200
-
-
-def _stored_content_type(record: IdempotencyRecord) -> str:
-    return _header(record.response_headers or [], "content-type")
-
-
-def _stored_text(record: IdempotencyRecord) -> str:
-    try:
-        return bytes(record.response_body or b"").decode()
-    except UnicodeDecodeError:
-        return ""
-
-
-def _is_json(content_type: str) -> bool:
-    media_type = content_type.split(";")[0].strip().lower()
-    return media_type == "application/json" or media_type.endswith("+json")
 
 
 # --- list filters -------------------------------------------------------------------------
@@ -432,13 +402,6 @@ def readable_body(body: bytes | memoryview | None, content_type: str = "") -> st
     return text
 
 
-def _header(headers: Iterable[Sequence[str]], name: str) -> str:
-    for pair in headers or ():
-        if len(pair) == 2 and str(pair[0]).lower() == name.lower():
-            return str(pair[1])
-    return ""
-
-
 if TYPE_CHECKING:
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
 else:  # ModelAdmin is generic for the type checker only
@@ -591,7 +554,7 @@ class IdempotencyRecordAdmin(ResolveActions, RecordAdminBase):
     def response_body_display(self, record: IdempotencyRecord) -> str:
         if record.response_body is None:
             return "-"
-        content_type = _header(record.response_headers, "Content-Type")
+        content_type = recovery.stored_content_type(record)
         text = readable_body(record.response_body, content_type)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
 

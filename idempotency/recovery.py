@@ -14,6 +14,7 @@ and fenced; what it will not move is refused with the reason, never forced.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -256,6 +257,72 @@ def mark_records(
             continue
         report.changes.append(Change(record, updated, response=response))
     return report
+
+
+JSON = "application/json"
+
+
+def operator_response(
+    record: IdempotencyRecord,
+    *,
+    status: int | None = None,
+    body: str | None = None,
+    content_type: str | None = None,
+) -> StoredResponse:
+    """What repeats of ``record``'s key get, as an operator gives it (``mark_records``).
+
+    A replay never runs the view, so the operator gives the answer a client
+    expects: a 2xx status and a body (the created resource as the view renders
+    it). ``None`` keeps what the record stores (without a stored success, a
+    POST's 201, else 200); a blank content type is JSON. A task's or function's repeats
+    return the body's JSON, so there, as under a JSON content type, the body must
+    be JSON. Raises ``ValueError`` saying what is wrong, for the operator.
+    """
+    status = status or stored_status(record)
+    if not 200 <= status <= 299:
+        raise ValueError(gettext("Not a 2xx status: %d.") % status)
+    text = stored_text(record) if body is None else body
+    if content_type is None:
+        content_type = stored_content_type(record)
+    content_type = content_type.strip() or JSON
+    raw = text.encode()
+    if len(raw) > idempotency_settings.MAX_RESPONSE_BYTES:
+        raise ValueError(gettext("Larger than MAX_RESPONSE_BYTES."))
+    if text.strip() and (is_json(content_type) or not record.request_method):
+        try:
+            json.loads(text)
+        except ValueError as error:
+            raise ValueError(gettext("Not JSON: %(error)s.") % {"error": error}) from None
+    headers = [("Content-Type", content_type)] if raw else []
+    # b"", not None: None is a body too large to store, replayed as "omitted".
+    return StoredResponse(status=status, headers=headers, body=raw)
+
+
+def stored_status(record: IdempotencyRecord) -> int:
+    """The stored status if it is a success; else (a lost attempt) a POST's 201, else 200."""
+    if record.response_status and 200 <= record.response_status <= 299:
+        return record.response_status
+    return 201 if record.request_method.upper() == "POST" else 200
+
+
+def stored_content_type(record: IdempotencyRecord) -> str:
+    for pair in record.response_headers or ():
+        if len(pair) == 2 and str(pair[0]).lower() == "content-type":
+            return str(pair[1])
+    return ""
+
+
+def stored_text(record: IdempotencyRecord) -> str:
+    """The stored body as text; a body that is not UTF-8 text, as none."""
+    try:
+        return bytes(record.response_body or b"").decode()
+    except UnicodeDecodeError:
+        return ""
+
+
+def is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 def _transition(

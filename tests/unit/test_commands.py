@@ -177,6 +177,44 @@ class TestChosenRecords:
         record.refresh_from_db()
         assert (record.status, record.resource_id) == (Status.SUCCEEDED, "order-17")
 
+    def test_marked_succeeded_with_the_answer_repeats_get(self):
+        record = IdempotencyRecordFactory(needs_review=True, request_method="POST")
+        out = run(
+            "idempotency_recover",
+            *("--id", str(record.pk), "--mark", "succeeded", "--resource-id", "17"),
+            *("--status", "201", "--body", '{"id": 17}'),
+        )
+        assert out == (
+            f"Record {record.pk}: Status NEEDS_REVIEW → SUCCEEDED. Resource id '' → '17'. "
+            "Repeats get status 201, 10 bytes.\nChanged 1 record.\n"
+        )
+        record.refresh_from_db()
+        assert (record.status, record.response_status) == (Status.SUCCEEDED, 201)
+        assert bytes(record.response_body) == b'{"id": 17}'
+        assert record.response_headers == [["Content-Type", "application/json"]]
+
+    @pytest.mark.parametrize(
+        ("answer", "message"),
+        [
+            (["--status", "404"], "Not a 2xx status: 404"),
+            (["--body", "order 17 made"], "Not JSON"),
+        ],
+    )
+    def test_a_bad_answer_changes_no_record(self, answer, message):
+        # The second record is a function's: its repeats return the body's JSON.
+        review = [
+            IdempotencyRecordFactory(needs_review=True, request_method="POST"),
+            IdempotencyRecordFactory(needs_review=True, request_method=""),
+        ]
+        ids = [arg for record in review for arg in ("--id", str(record.pk))]
+        with pytest.raises(CommandError, match=message):
+            run(
+                "idempotency_recover",
+                *ids,
+                *("--mark", "succeeded", "--content-type", "text/plain", *answer),
+            )
+        assert [status(record) for record in review] == [Status.NEEDS_REVIEW] * 2
+
     def test_refused_and_missing_records_fail_the_command(self):
         done = IdempotencyRecordFactory(succeeded=True)
         review = IdempotencyRecordFactory(needs_review=True)
@@ -202,10 +240,15 @@ class TestChosenRecords:
     @pytest.mark.parametrize(
         ("args", "message"),
         [
-            (["--mark", "final"], "--mark and --resource-id need the records chosen with --id"),
+            (["--mark", "final"], "--mark, --resource-id, --status, --body and --content-type"),
+            (["--status", "200"], "need the records chosen with --id"),
             (["--id", "1", "--dry-run"], "--dry-run reports a recovery pass"),
             (["--id", "1", "--resource-id", "x"], "--resource-id goes with --mark succeeded"),
             (["--id", "1", "--mark", "final", "--resource-id", "x"], "--resource-id goes with"),
+            (
+                ["--id", "1", "--mark", "retry", "--body", "", "--status", "200"],
+                "--status and --body go",
+            ),
         ],
     )
     def test_options_that_do_not_go_together(self, args, message):

@@ -22,10 +22,13 @@ from idempotency.management._common import (
     shards,
 )
 from idempotency.models import IdempotencyRecord, Status
+from idempotency.outcomes import StoredResponse
 from idempotency.recovery import RecoveryReport, recover_everywhere, total
 from idempotency.shards import Shard
 from idempotency.shards import shards as shards_of
 
+# What repeats of a record marked succeeded get, as the operator gives it.
+ANSWER = ("resource_id", "status", "body", "content_type")
 MARKS = {
     "succeeded": Status.SUCCEEDED,
     "retry": Status.FAILED_RETRYABLE,
@@ -67,14 +70,36 @@ class Command(BaseCommand):
             metavar="RID",
             help="With --mark succeeded: what the first attempt created, given to repeats.",
         )
+        parser.add_argument(
+            "--status",
+            type=int,
+            metavar="CODE",
+            help="With --mark succeeded: the 2xx status repeats get (default: the stored "
+            "one; with none stored, 201 for a POST, else 200).",
+        )
+        parser.add_argument(
+            "--body",
+            metavar="TEXT",
+            help="With --mark succeeded: the body repeats get, e.g. the created resource's "
+            "JSON (default: the stored one; '' for none).",
+        )
+        parser.add_argument(
+            "--content-type",
+            metavar="TYPE",
+            help="With --mark succeeded: the body's content type (default: the stored one, "
+            "else application/json).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         database = chosen_database(options["database"])
         if options["ids"]:
             self.resolve_chosen(options["ids"], database, options)
             return
-        if options["mark"] or options["resource_id"]:
-            raise CommandError("--mark and --resource-id need the records chosen with --id.")
+        if options["mark"] or any(options[name] is not None for name in ANSWER):
+            raise CommandError(
+                "--mark, --resource-id, --status, --body and --content-type need the records "
+                "chosen with --id."
+            )
         lines = ProgressLines(self, "Recovering", options)
         watch = Stopwatch()
         try:
@@ -106,14 +131,18 @@ class Command(BaseCommand):
     def resolve_chosen(self, ids: list[int], database: str | None, options: dict[str, Any]) -> None:
         if options["dry_run"]:
             raise CommandError("--dry-run reports a recovery pass; it does not go with --id.")
-        if options["resource_id"] and options["mark"] != "succeeded":
-            raise CommandError("--resource-id goes with --mark succeeded.")
+        given = [name for name in ANSWER if options[name] is not None]
+        if given and options["mark"] != "succeeded":
+            flags = " and ".join("--" + name.replace("_", "-") for name in given)
+            raise CommandError(
+                f"{flags} {'goes' if len(given) == 1 else 'go'} with --mark succeeded."
+            )
         shard = one_shard(database)
         with shard.active():
             chosen = list(
                 IdempotencyRecord.objects.using(shard.alias).filter(pk__in=ids).order_by("pk")
             )
-            report = settle(chosen, options["mark"], options["resource_id"])
+            report = settle(chosen, options)
         missing = sorted(set(ids) - {record.pk for record in chosen})
         for change in report.changes:
             outcome = f" Resolver: {change.outcome}." if change.outcome else ""
@@ -131,13 +160,32 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"Changed {records(len(report.changes))}."))
 
 
-def settle(
-    chosen: list[IdempotencyRecord], mark: str | None, resource_id: str | None
-) -> recovery.ResolutionReport:
+def settle(chosen: list[IdempotencyRecord], options: dict[str, Any]) -> recovery.ResolutionReport:
+    mark, resource_id = options["mark"], options["resource_id"]
     if mark is None:
         return recovery.run_resolvers(chosen)
+    answered = any(options[name] is not None for name in ("status", "body", "content_type"))
+    responses = _answers(chosen, options) if answered else None
     given = (lambda record: resource_id) if resource_id else None
-    return recovery.mark_records(chosen, MARKS[mark], resource_ids=given)
+    return recovery.mark_records(chosen, MARKS[mark], resource_ids=given, responses=responses)
+
+
+def _answers(chosen: list[IdempotencyRecord], options: dict[str, Any]) -> recovery.Responses:
+    """Every record's answer, checked before any record moves: a bad one changes nothing."""
+    answers = {record.pk: _answer(record, options) for record in chosen}
+    return lambda record: answers[record.pk]
+
+
+def _answer(record: IdempotencyRecord, options: dict[str, Any]) -> StoredResponse:
+    try:
+        return recovery.operator_response(
+            record,
+            status=options["status"],
+            body=options["body"],
+            content_type=options["content_type"],
+        )
+    except ValueError as error:
+        raise CommandError(f"Record {record.pk}: {error}") from None
 
 
 def one_shard(database: str | None) -> Shard:
