@@ -1,4 +1,4 @@
-"""The database cost measurement's MariaDB path runs end to end (the mariadb pass only).
+"""The benchmarks' MariaDB paths run end to end (the mariadb pass only).
 
 Seconds, not minutes: one round of one second per statement list, twenty
 transactions for the redo log. ``run.py`` on MariaDB shares everything with it
@@ -27,6 +27,26 @@ def test_database_cost_on_mariadb_prints_speed_and_redo():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| BEGIN; claim")]
     assert len(rows) == 2  # the protected create, in the table of speed and of redo
     assert "| written once / BEGIN; INSERT; COMMIT |" in result.stdout
+
+
+def test_purge_at_scale_on_mariadb_prints_both_ways(tmp_path):
+    output = tmp_path / "purge.md"
+    server = _mysql_environment()["BENCH_DATABASE_URL"]
+    result = _run(
+        "benchmarks/purge_scale.py",
+        *("--mariadb", server, "--records", "2000", "--rounds", "2"),
+        *("--database", _database("purge"), "--output", str(output)),
+    )
+    assert "# Purge on MariaDB, against one unbatched DELETE" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| idempotency.retention.purge(), 0.25 s batches of at most 100,000",
+        "| one unbatched DELETE (QuerySet.delete())",
+    ]
+    for row in rows:  # two rounds each, and batches that deleted rows
+        cells = row.split(" | ")
+        assert len(cells[1].split(", ")) == 2 and int(cells[4]) >= 1, row
+    assert output.read_text() == result.stdout.rstrip("\n") + "\n"
 
 
 def _mysql_environment() -> dict[str, str]:
