@@ -35,7 +35,7 @@ import hashlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from django.db import DatabaseError, OperationalError, transaction
@@ -81,6 +81,13 @@ class MySQLStore(GenericStore):
             ]
             with self.connection.cursor() as cursor:
                 cursor.execute(self._insert_sql, params)
+                inserted = cursor.lastrowid
+            if inserted and self._mariadb:
+                # The row is what was inserted: nothing to read back. A duplicate's
+                # update sets the insert id to 0 (MariaDB sends LAST_INSERT_ID(expr) as
+                # it; on MySQL, whose CI this project lacks, the row is read back).
+                record.pk, record._state.adding, record._state.db = inserted, False, self.alias
+                return Found(record, False, None)
             return self.holding(candidate)
 
     @contextmanager
@@ -118,14 +125,23 @@ class MySQLStore(GenericStore):
 
     @contextmanager
     def bounded_lock_wait(self, seconds: float) -> Iterator[None]:
+        wait = lock_wait_seconds(seconds, mariadb=self._mariadb)
+        causal = self._galera_node()
+        if self._mariadb and not causal:
+            # MariaDB scopes a variable to one statement (SET STATEMENT ... FOR): each
+            # statement of the block carries the bound, and the session keeps its own.
+            # Nothing to set first or put back: two round trips fewer per claim.
+            prefix = f"SET STATEMENT innodb_lock_wait_timeout={int(wait)} FOR "
+            with self.connection.execute_wrapper(partial(_bounded, prefix)):
+                yield
+            return
         # A session variable: it outlives a rolled-back statement, so it is put back always.
         # On a Galera node the claim's reads wait for what the cluster has committed too.
-        causal = self._galera_node()
         with self.connection.cursor() as cursor:
             cursor.execute(
                 "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
                 "SESSION innodb_lock_wait_timeout = %s" + (_CAUSAL if causal else ""),
-                [lock_wait_seconds(seconds, mariadb=self._mariadb)],
+                [wait],
             )
         try:
             yield
@@ -259,11 +275,17 @@ class MySQLStore(GenericStore):
         columns = ", ".join(quote(field.column) for field in self._inserted)
         values = ", ".join("%s" for _ in self._inserted)
         pk = quote(str(meta.pk.column))  # type: ignore[union-attr]
-        # The no-op update is what makes a duplicate take the exclusive lock.
+        # The no-op update is what makes a duplicate take the exclusive lock; it sets the
+        # insert id the client gets to 0, so that an insert id says the row was inserted.
         return (
             f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values}) "
-            f"ON DUPLICATE KEY UPDATE {pk} = {pk}"
+            f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
         )
+
+
+def _bounded(prefix: str, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    """A statement of ``bounded_lock_wait``'s block, with the bound for itself alone."""
+    return execute(prefix + sql, params, many, context)
 
 
 def lock_wait_seconds(seconds: float, *, mariadb: bool = False) -> int:

@@ -98,6 +98,23 @@ class TestOnMariaDB:
         assert seen == [7]
         assert session_lock_wait() == 7
 
+    def test_a_new_key_is_claimed_in_four_statements_that_carry_their_own_bound(self):
+        # Read the key (locked), take the turn, read it again, insert: the bound goes with
+        # each statement (SET STATEMENT), so none sets or puts back the session's, and the
+        # inserted row is not read back. The named lock's release is the fifth trip.
+        before = session_lock_wait()
+        with CaptureQueriesContext(connection) as queries:
+            assert run(operation(key="k-trips", lock_timeout=2)) == "ran"
+        bound = "SET STATEMENT innodb_lock_wait_timeout=2 FOR "
+        claim = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(bound)]
+        kinds = [sql.removeprefix(bound).split()[0] for sql in claim]
+        assert kinds == ["SELECT", "SELECT", "SELECT", "INSERT"]
+        assert "GET_LOCK" in claim[1] and "FOR UPDATE" in claim[2]
+        statements = [q["sql"] for q in queries.captured_queries]
+        assert [sql for sql in statements if sql.startswith("SET ") and sql not in claim] == []
+        record = IdempotencyRecord.objects.get(idem_key="k-trips")
+        assert record.status == "SUCCEEDED" and session_lock_wait() == before
+
     def test_a_single_server_is_no_galera_node_and_reads_as_it_did(self):
         store = MySQLStore("default")
         assert store._galera_node() is False
@@ -201,7 +218,11 @@ class TestOnMariaDB:
         with CaptureQueriesContext(connection) as queries:
             assert purge(batch_size=2) == 5
         statements = [query["sql"] for query in queries]
-        deletes = [sql for sql in statements if sql.startswith("DELETE")]
+        # Each with a lock wait of 0 for itself: a row a request holds fails it at once.
+        bound = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
+        deletes = [
+            sql.removeprefix(bound) for sql in statements if sql.startswith(bound + "DELETE")
+        ]
         assert len(deletes) == 3  # 2 + 2 + 1
         assert not any("FOR UPDATE" in sql for sql in statements)  # nobody held a row
         # A range of expires_at and of the ids its index entries hold; the last one open.
