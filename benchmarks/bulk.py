@@ -159,10 +159,13 @@ def explain(sql: str, params: Any = None) -> str:
     """``EXPLAIN (ANALYZE, BUFFERS)`` inside a transaction that is rolled back.
 
     On MariaDB ``ANALYZE FORMAT=JSON``: it too runs the statement, and says what it read.
+    It takes the statement alone: a setting of its own (``SET STATEMENT ... FOR``, the
+    store's lock wait) is left out.
     """
     from django.db import connection, transaction
 
     analyze = "ANALYZE FORMAT=JSON" if mysql() else "EXPLAIN (ANALYZE, BUFFERS)"
+    sql = re.sub(r"^SET STATEMENT .+? FOR ", "", sql)
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(f"{analyze} {sql}", params)

@@ -1,8 +1,8 @@
 """The benchmarks' MariaDB paths run end to end (the mariadb pass only).
 
 Seconds, not minutes: one round of one second per statement list, twenty
-transactions for the redo log. ``run.py`` on MariaDB shares everything with it
-but the HTTP scenarios, which the postgres pass's smoke test runs.
+transactions for the redo log; ``run.py --quick`` (under a minute) for the sections
+whose MariaDB paths are its own.
 """
 
 from __future__ import annotations
@@ -27,6 +27,22 @@ def test_database_cost_on_mariadb_prints_speed_and_redo():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| BEGIN; claim")]
     assert len(rows) == 2  # the protected create, in the table of speed and of redo
     assert "| written once / BEGIN; INSERT; COMMIT |" in result.stdout
+
+
+def test_quick_benchmark_on_mariadb_runs_every_section(tmp_path):
+    # run.py's sections after the HTTP scenarios take MariaDB's own paths (the purge's
+    # captured statement explained with ANALYZE, the floor through mysql_floor.py).
+    output = tmp_path / "results.md"
+    result = _run(
+        "benchmarks/run.py",
+        *("--quick", "--no-alternatives", "--database", _database("bench")),
+        *("--output", str(output)),
+        env=_mysql_environment(),
+        timeout=300,
+    )
+    for heading in ["## Ratios", "## First requests", "## Purge and recovery", "## Query plans"]:
+        assert heading in result.stdout
+    assert "MariaDB" in result.stdout
 
 
 def test_purge_at_scale_on_mariadb_prints_both_ways(tmp_path):
