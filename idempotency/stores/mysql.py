@@ -12,16 +12,19 @@ under a named lock per key, held for the insert only: no insert ever waits in
 a duplicate-key check. The insert is ``ON DUPLICATE KEY UPDATE`` (an exclusive
 lock) for writers that do not take the turn.
 
-The wait is bounded by ``innodb_lock_wait_timeout`` (whole seconds), set for
-the claim and put back afterwards; past it the statement fails with 1205 and
-the duplicate answers 409. With ``IN_FLIGHT = "conflict"`` the bound is 0 on
+The wait is bounded by ``innodb_lock_wait_timeout`` (whole seconds): on MariaDB
+each statement of the claim carries it (``SET STATEMENT ... FOR``); on MySQL and a
+Galera node it is set for the claim and put back afterwards. Past it the statement
+fails with 1205 and the duplicate answers 409. With ``IN_FLIGHT = "conflict"`` the
+bound is 0 on
 MariaDB (the locking read and ``GET_LOCK`` fail at once), 1 s on MySQL. A
 deadlock that still happens (at REPEATABLE READ, whose locking reads lock gaps
 too) is 1213, after which InnoDB has rolled back
 the whole transaction: the protocol claims again in a new one where it opened the
 transaction, and answers 409 inside the caller's.
 
-There is no one-statement claim (every claim takes the locked path). A purge
+There is no one-statement claim (every claim takes the locked path); on MariaDB
+an inserted row is not read back (a duplicate's update sets the insert id to 0). A purge
 batch is a range of the purge's order, deleted as one unbatched ``DELETE``
 deletes (``delete_batch``); where a request holds one of its rows, or more rows
 than a batch share one value, it is ``GenericStore``'s: the batch's ids locked
