@@ -11,7 +11,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -109,6 +110,24 @@ def setup_django(database: Database, alternatives: Path | None) -> None:
     django.setup()
     # Recovery logs every record it settles; the table says how many.
     logging.getLogger("idempotency").setLevel(logging.ERROR)
+
+
+@contextmanager
+def migrated(name: str, *target: str, keep: bool = False) -> Iterator[Database]:
+    """The database ``name`` made anew on ``BENCH_DATABASE_URL``'s server, Django set up on it
+    and migrated (to ``target``, an app and a migration, when given); dropped afterwards
+    unless ``keep``."""
+    from django.core.management import call_command
+
+    database = Database.named(name)
+    database.recreate()
+    try:
+        setup_django(database, None)
+        call_command("migrate", *target, verbosity=0)
+        yield database
+    finally:
+        if not keep:
+            database.drop()
 
 
 def mysql() -> bool:

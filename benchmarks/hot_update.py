@@ -35,7 +35,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bulk  # noqa: E402
-from benchmarks.server import Database  # noqa: E402
 
 TABLE = bulk.TABLE
 # The secondary indexes: recovery's, purge's and the admin's (since migration 0004
@@ -70,20 +69,12 @@ class Measured:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    database = Database.named(args.database)
-    database.recreate()
-    try:
-        bulk.setup_django(database, None)
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with bulk.migrated(args.database):
         definitions = _index_definitions()
         results = {
             configuration.name: _measure(configuration, definitions, args.records, args.creates)
             for configuration in CONFIGURATIONS
         }
-    finally:
-        database.drop()
     print(_table(results, args.records, args.creates))
     return 0
 

@@ -56,13 +56,9 @@ CHUNK = 1_000_000
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    database = Database.named(args.database)
-    database.recreate()
-    try:
-        bulk.setup_django(database, None)
+    with bulk.migrated(args.database, "idempotency", "0005", keep=args.keep_database) as database:
         from django.core.management import call_command
 
-        call_command("migrate", "idempotency", "0005", verbosity=0)
         began = time.perf_counter()
         _fill(args.rows)
         filled = time.perf_counter() - began
@@ -71,9 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", "idempotency", "0006", verbosity=0)
         migrated = time.perf_counter() - began
         print(_table(database, args.rows, filled, before, _size(), migrated))
-    finally:
-        if not args.keep_database:
-            database.drop()
     return 0
 
 

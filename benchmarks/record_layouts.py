@@ -44,7 +44,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bulk  # noqa: E402
-from benchmarks.server import Database  # noqa: E402
 
 SHIPPED = bulk.TABLE
 # What an atomic-mode finish leaves alone, then what it changes.
@@ -106,13 +105,7 @@ LAYOUTS = (
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    database = Database.named(args.database)
-    database.recreate()
-    try:
-        bulk.setup_django(database, None)
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with bulk.migrated(args.database):
         bulk.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         columns = _shipped_columns()
         for layout in LAYOUTS:
@@ -121,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for layout in LAYOUTS:
                 measured[layout.name].append(_measure(layout, args.transactions))
-    finally:
-        database.drop()
     print(_report(measured, args))
     return 0
 

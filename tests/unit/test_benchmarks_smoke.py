@@ -146,6 +146,13 @@ def test_record_layouts_measurement_runs_and_prints_its_table():
     assert "Heap HOT_UPDATE" in result.stdout  # the finish, read from the WAL
 
 
+def test_migration_cost_measurement_runs_and_prints_its_table():
+    result = _run(
+        "benchmarks/migration_cost.py", *("--rows", "2000", "--database", _database("migration"))
+    )
+    assert "| table and indexes before | after | migrate idempotency 0006 |" in result.stdout
+
+
 def test_database_cost_measurement_runs_and_prints_its_tables():
     result = _run(
         "benchmarks/database_cost.py",
